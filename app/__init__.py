@@ -1,0 +1,1 @@
+"""Textual UI and command line of InferScale assistant."""

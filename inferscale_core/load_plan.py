@@ -1,0 +1,125 @@
+"""Scheduler-side decision for one request: which stored KV to load, where, or refuse.
+
+Pure logic, no vLLM: the connector's scheduler side calls :func:`plan_load` with what vLLM
+tells it and turns the answer into a number of external tokens. Anything that cannot be served
+exactly as planned is refused (0 external tokens, the engine prefills it): we never rely on
+vLLM's load-failure recovery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferscale_core.composer import KV_PARAMS_KEY, KV_PARAMS_VERSION
+from inferscale_core.kvstore import EntryHeader, EntryMissingError
+
+
+class Refused(Exception):
+    """The request's KV cannot be injected exactly; ``str(self)`` says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Tokens ``[src_start, src_end)`` of entry ``key`` go to prompt positions from ``dst_start``."""
+
+    key: str
+    src_start: int
+    src_end: int
+    dst_start: int
+
+
+@dataclass(slots=True)
+class LoadPlan:
+    """Load prompt positions ``[start, end)`` of a request from the store."""
+
+    start: int
+    end: int
+    pieces: list[Piece]
+    entry_keys: list[str]
+    slots: list[int] = field(default_factory=list)  # one cache slot per position, set on alloc
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start
+
+    def truncated(self, num_tokens: int) -> LoadPlan:
+        """The same plan limited to its first ``num_tokens`` positions."""
+        end = self.start + num_tokens
+        pieces = [
+            Piece(p.key, p.src_start, p.src_start + min(end, p.dst_start + p.src_end - p.src_start)
+                  - p.dst_start, p.dst_start)
+            for p in self.pieces
+            if p.dst_start < end
+        ]
+        return LoadPlan(self.start, end, pieces, self.entry_keys)
+
+
+def request_entries(params: Mapping[str, Any] | None) -> list[tuple[str, int, int]] | None:
+    """The ``(key, start, end)`` list a composed request carries, or None if it has none."""
+    ours = (params or {}).get(KV_PARAMS_KEY)
+    if ours is None:
+        return None
+    if not isinstance(ours, Mapping) or ours.get("v") != KV_PARAMS_VERSION:
+        raise Refused(f"unsupported kv_transfer_params version: {ours!r:.80}")
+    try:
+        return [(str(k), int(s), int(e)) for k, s, e in ours["entries"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise Refused(f"malformed entries in kv_transfer_params: {exc}") from exc
+
+
+def plan_load(
+    params: Mapping[str, Any] | None,
+    prompt_ids: Sequence[int],
+    num_tokens: int,
+    num_computed: int,
+    header: Callable[[str], EntryHeader],
+    fingerprint: str,
+    prompt_logprobs: bool = False,
+) -> LoadPlan | None:
+    """Decide the load for a request; None if it asks for none, :class:`Refused` if unservable.
+
+    The load covers ``[num_computed, min(span_end, num_tokens - 1))``: vLLM's prefix cache may
+    already hold the leading blocks, and the scheduler needs at least one token to compute.
+    """
+    entries = request_entries(params)
+    if entries is None:
+        return None
+    ours = params[KV_PARAMS_KEY]  # type: ignore[index]
+    if ours.get("fingerprint") != fingerprint:
+        raise Refused(
+            f"model fingerprint {ours.get('fingerprint')!r} does not match the engine's"
+            f" {fingerprint!r}"
+        )
+    if prompt_logprobs:
+        raise Refused("prompt logprobs were requested; they need the full prefill")
+    expected_start = 0
+    for key, start, end in entries:
+        if start != expected_start or end <= start:
+            raise Refused(f"entry {key} at [{start}, {end}) does not continue at {expected_start}")
+        expected_start = end
+    span_end = expected_start
+    if span_end > len(prompt_ids):
+        raise Refused(f"span_end {span_end} is past the prompt ({len(prompt_ids)} tokens)")
+    for key, start, end in entries:
+        try:
+            entry = header(key)
+        except EntryMissingError:
+            raise Refused(f"unknown entry {key}") from None
+        if entry.fingerprint != fingerprint:
+            raise Refused(f"entry {key} was encoded by another model ({entry.fingerprint})")
+        if tuple(prompt_ids[start:end]) != entry.token_ids:
+            raise Refused(f"prompt tokens [{start}, {end}) do not match entry {key}")
+    end = min(span_end, num_tokens - 1)
+    pieces = [
+        Piece(key, max(num_computed, s) - s, min(end, e) - s, max(num_computed, s))
+        for key, s, e in entries
+        if max(num_computed, s) < min(end, e)
+    ]
+    return LoadPlan(num_computed, max(num_computed, end), pieces, [k for k, _, _ in entries])
+
+
+def slot_mapping(block_ids: Sequence[int], block_size: int, start: int, end: int) -> list[int]:
+    """Cache slot of each position in ``[start, end)``: ``ids[p // bs] * bs + p % bs``."""
+    return [block_ids[p // block_size] * block_size + p % block_size for p in range(start, end)]

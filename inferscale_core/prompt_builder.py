@@ -1,0 +1,80 @@
+"""Turns retrieved facts and a question into a composed request whose KV is in the store.
+
+It owns the pieces that must agree with each other: the chat layout (token ids), the encoder
+(pre-RoPE KV of those ids) and the store (where the connector finds them). Entries are keyed by
+content (model fingerprint, encoder version, context, token ids), so a fact is encoded once per
+context and every later request reuses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date, datetime
+
+from inferscale_core.composer import ChatLayout, ComposedPrompt, entry_key, fact_line
+from inferscale_core.encoder import ENCODER_VERSION, HFReferenceEncoder
+from inferscale_core.kvstore import KVStore
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryFact:
+    """A fact as it goes into a prompt: its text, the date it refers to, its context turns."""
+
+    text: str
+    when: date | datetime | None = None
+    context: tuple[str, ...] = ()  # the w turns before it, oldest first (encoding context)
+
+
+class PromptBuilder:
+    def __init__(self, layout: ChatLayout, encoder: HFReferenceEncoder, store: KVStore) -> None:
+        self.layout = layout
+        self.encoder = encoder
+        self.store = store
+        self.fingerprint = encoder.fingerprint
+        self.prefix_key = layout.prefix_key(self.fingerprint)
+
+    def cache_salt(self, w: int) -> str:
+        """Keeps this encoding's KV apart from any other in vLLM's prefix cache."""
+        return f"inferscale/{ENCODER_VERSION}/{self.fingerprint}/w{w}"
+
+    def ensure_prefix(self) -> str:
+        """Encode the system prefix once (it is exact: nothing precedes it)."""
+        if not self.store.has(self.prefix_key):
+            self.store.put(self.encoder.encode(self.prefix_key, [], self.layout.prefix_ids))
+        return self.prefix_key
+
+    def context_ids(self, context: Sequence[str]) -> list[int]:
+        """Encoding context of a fact: the prefix, then its context turns as plain lines."""
+        ids = list(self.layout.prefix_ids)
+        for turn in context:
+            ids.extend(self.layout.fact_ids(fact_line(turn)))
+        return ids
+
+    def fact_entry(self, fact: MemoryFact) -> tuple[str, list[int]]:
+        """The fact's entry key and token ids, encoding it after its context if it is new."""
+        ids = self.layout.fact_ids(fact_line(fact.text, fact.when))
+        context = self.context_ids(fact.context)
+        key = entry_key("fact", self.fingerprint, ENCODER_VERSION, tuple(context), tuple(ids))
+        if not self.store.has(key):
+            self.store.put(self.encoder.encode(key, context, ids))
+        return key, ids
+
+    def build(
+        self,
+        facts: Sequence[MemoryFact],
+        question: str,
+        history: Sequence[tuple[str, str]] = (),
+        w: int = 0,
+    ) -> ComposedPrompt:
+        """A request with ``facts`` in prompt order (best hit last, nearest the question)."""
+        prefix = self.ensure_prefix()
+        entries = [self.fact_entry(fact) for fact in facts]
+        return self.layout.compose(prefix, entries, question, history, self.cache_salt(w))
+
+    def prompt_injection_ids(
+        self, facts: Sequence[MemoryFact], question: str, history: Sequence[tuple[str, str]] = ()
+    ) -> list[int]:
+        """The same request as plain text (the baseline, and what a full prefill computes)."""
+        lines = [fact_line(f.text, f.when) for f in facts]
+        return self.layout.prompt_text_ids(lines, question, history)

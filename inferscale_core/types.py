@@ -1,0 +1,116 @@
+"""Plain data shared across the core. Imports nothing from the project."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import date, datetime
+
+import torch
+
+
+@dataclass(slots=True)
+class Turn:
+    """One message of a conversation, as imported or typed."""
+
+    speaker: str  # "user", "assistant", or a person's name in imported chats
+    text: str
+    timestamp: datetime | None = None
+    source_id: str | None = None  # id in the source file (e.g. LoCoMo dia_id, ChatGPT node id)
+
+
+@dataclass(slots=True)
+class Conversation:
+    """A thread of turns from one source (a live chat or an imported export)."""
+
+    title: str
+    turns: list[Turn] = field(default_factory=list)
+    source: str = "chat"  # "chat", "chatgpt", "claude", "whatsapp", "jsonl", "markdown", "locomo"
+    source_id: str | None = None  # stable id in the source (for idempotent re-import)
+
+
+@dataclass(slots=True)
+class Fact:
+    """One fact of the long-term memory (a row of the fact log's ``facts`` table).
+
+    ``status`` is "active", "superseded" (replaced by a newer fact, or retired) or "forgotten"
+    (the user removed it; ``text`` is then "").
+    """
+
+    id: int
+    profile_id: int
+    text: str
+    refers_to: date | None  # the day the fact is about, when it has one
+    source_turn_ids: list[int]
+    status: str
+    supersedes: int | None  # id of the fact this one replaced
+    created_at: datetime
+
+
+@dataclass(slots=True)
+class AuditEntry:
+    """One change to the fact log: who/what changed which fact, and why."""
+
+    id: int
+    profile_id: int
+    fact_id: int
+    action: str  # "add", "update", "delete", "forget"
+    cause: str  # e.g. "extracted from turn 12", "user forgot it in the memory browser"
+    old_text: str | None
+    new_text: str | None
+    at: datetime
+
+
+@dataclass(slots=True)
+class FactKV:
+    """The pre-RoPE KV of one memory entry (a fact line, or the system prefix).
+
+    ``token_ids`` are the exact ids the entry occupies in a prompt; ``k`` holds keys *before*
+    rotary embedding, so the entry can be placed at any position by re-rotation.
+    """
+
+    key: str  # content-addressed id of the entry in the KV store
+    token_ids: list[int]
+    k: torch.Tensor  # [layers, tokens, kv_heads, head_dim] fp32, pre-RoPE
+    v: torch.Tensor  # [layers, tokens, kv_heads, head_dim] fp32
+    fingerprint: str  # model fingerprint the tensors belong to
+
+    def __post_init__(self) -> None:
+        if self.k.shape[:3] != self.v.shape[:3]:
+            raise ValueError(f"k {tuple(self.k.shape)} and v {tuple(self.v.shape)} disagree")
+        if self.k.dim() != 4 or self.k.shape[1] != len(self.token_ids):
+            raise ValueError(
+                f"k must be [layers, tokens, kv_heads, head_dim] with tokens={len(self.token_ids)},"
+                f" got {tuple(self.k.shape)}"
+            )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+
+@dataclass(slots=True)
+class GenerationResult:
+    """One engine request: what came back, how fast, and what memory it used."""
+
+    request_id: str
+    prompt_tokens: int = 0
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, float]] = field(default_factory=list)  # per generated token
+    ttft_s: float | None = None  # submission -> first streamed token
+    total_s: float | None = None
+    finish_reason: str | None = None
+    cached_tokens: int = 0  # prompt tokens not prefilled (prefix cache + injected)
+    prefix_cached_tokens: int = 0  # of those, found in vLLM's own prefix cache
+    injected_tokens: int = 0  # of those, written by the connector from the KV store
+    injected_entries: list[str] = field(default_factory=list)  # entry keys of the request
+    refused: str | None = None  # why the connector did not inject, if it did not
+
+    @property
+    def computed_tokens(self) -> int:
+        """Prompt tokens the engine actually prefilled."""
+        return self.prompt_tokens - self.cached_tokens

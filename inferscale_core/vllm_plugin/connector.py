@@ -1,0 +1,103 @@
+"""``InferScaleConnector``: the KVConnectorBase_V1 subclass vLLM loads by module path.
+
+Load it with::
+
+    KVTransferConfig(
+        kv_connector="InferScaleConnector",
+        kv_connector_module_path="inferscale_core.vllm_plugin.connector",
+        kv_role="kv_both",
+        kv_connector_extra_config={"store_path": "...", "fingerprint": "..."},
+    )
+
+and steer it per request with ``SamplingParams(extra_args={"kv_transfer_params": ...})`` as
+built by :meth:`inferscale_core.composer.ComposedPrompt.kv_transfer_params`. Each role builds
+its own half (scheduler or worker) and every method delegates to it, like vLLM's offloading
+connector. What happened to a request comes back in ``RequestOutput.kv_transfer_params``
+under ``"inferscale_report"``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from inferscale_core.kvstore import KVStore
+from inferscale_core.vllm_plugin.metadata import InjectionMetadata
+from inferscale_core.vllm_plugin.scheduler_side import InjectionScheduler
+from inferscale_core.vllm_plugin.worker_side import InjectionWorker
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+
+class InferScaleConnector(KVConnectorBase_V1):
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
+    ) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
+        missing = {"store_path", "fingerprint"} - set(extra)
+        if missing:
+            raise ValueError(f"InferScaleConnector needs kv_connector_extra_config {sorted(missing)}")
+        store = KVStore(extra["store_path"], cache_bytes=int(extra.get("cache_bytes", 1 << 30)))
+        self._scheduler: InjectionScheduler | None = None
+        self._worker: InjectionWorker | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            block_size = vllm_config.cache_config.block_size
+            self._scheduler = InjectionScheduler(store, str(extra["fingerprint"]), block_size)
+        else:
+            self._worker = InjectionWorker(vllm_config, store)
+
+    # ---- worker side ----
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        return  # we write through each layer's backend, which owns its cache tensor
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        assert self._worker is not None
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, InjectionMetadata)
+        if meta.loads:
+            self._worker.start_load_kv(meta)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads are synchronous and complete before the forward
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+        return  # the engine never saves: facts are encoded by the encoder
+
+    def wait_for_save(self) -> None:
+        return
+
+    # ---- scheduler side ----
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        assert self._scheduler is not None
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        assert self._scheduler is not None
+        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        assert self._scheduler is not None
+        return self._scheduler.build_connector_meta()
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        assert self._scheduler is not None
+        return self._scheduler.request_finished(request)

@@ -1,0 +1,95 @@
+"""Scheduler side of the connector: decide, per request, how many prompt tokens to inject."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from inferscale_core.kvstore import KVStore
+from inferscale_core.load_plan import LoadPlan, Refused, plan_load, slot_mapping
+from inferscale_core.vllm_plugin.metadata import InjectionMetadata, LoadOp
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.request import Request
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _RequestState:
+    plan: LoadPlan | None = None
+    refused: str | None = None
+    loaded_tokens: int = 0
+    computed_before: int = 0
+
+
+class InjectionScheduler:
+    """Validates each memory request against the store; plans synchronous loads."""
+
+    def __init__(self, store: KVStore, fingerprint: str, block_size: int) -> None:
+        self.store = store
+        self.fingerprint = fingerprint
+        self.block_size = block_size
+        self._requests: dict[str, _RequestState] = {}
+        self._ready: list[LoadOp] = []
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int, bool]:
+        state = self._requests.setdefault(request.request_id, _RequestState())
+        state.plan, state.refused = None, None
+        state.computed_before = num_computed_tokens
+        prompt_logprobs = getattr(request.sampling_params, "prompt_logprobs", None) is not None
+        try:
+            plan = plan_load(
+                request.kv_transfer_params,
+                request.prompt_token_ids or [],
+                request.num_tokens,
+                num_computed_tokens,
+                self.store.header,
+                self.fingerprint,
+                prompt_logprobs=prompt_logprobs,
+            )
+        except Refused as exc:
+            state.refused = str(exc)
+            log.warning("request %s: not injecting: %s", request.request_id, exc)
+            return 0, False
+        if plan is None:
+            self._requests.pop(request.request_id, None)
+            return 0, False
+        state.plan = plan
+        return plan.num_tokens, False
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        state = self._requests.get(request.request_id)
+        if state is None or state.plan is None or num_external_tokens == 0:
+            return
+        plan = state.plan
+        if num_external_tokens < plan.num_tokens:  # the scheduler took less than offered
+            plan = state.plan = plan.truncated(num_external_tokens)
+        block_ids = blocks.get_block_ids()[0]
+        plan.slots = slot_mapping(block_ids, self.block_size, plan.start, plan.end)
+        self._ready.append(LoadOp(request.request_id, plan.start, plan.end, plan.pieces, plan.slots))
+        state.loaded_tokens = plan.num_tokens
+
+    def build_connector_meta(self) -> InjectionMetadata:
+        meta = InjectionMetadata(loads=self._ready)
+        self._ready = []
+        return meta
+
+    def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
+        state = self._requests.pop(request.request_id, None)
+        if state is None:
+            return False, None
+        report = {
+            "loaded_tokens": state.loaded_tokens,
+            "computed_before": state.computed_before,
+            "span_end": state.plan.end if state.plan else None,
+            "entries": state.plan.entry_keys if state.plan else [],
+            "refused": state.refused,
+        }
+        return False, {"inferscale_report": report}

