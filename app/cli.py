@@ -96,8 +96,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             facts = [_parse_fact(f) for f in args.fact]
             return run_ask(
-                args.question, facts, model=args.model, max_tokens=args.max_tokens,
-                prompt_injection=args.prompt_injection, verbose=args.verbose, console=console,
+                args.question,
+                facts,
+                model=args.model,
+                max_tokens=args.max_tokens,
+                prompt_injection=args.prompt_injection,
+                verbose=args.verbose,
+                console=console,
             )
     except ModelSetupError as exc:
         console.print(f"[red]error:[/red] {exc}")

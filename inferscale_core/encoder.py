@@ -75,6 +75,8 @@ class HFReferenceEncoder:
 
 def _capture(sink: list[torch.Tensor]):
     def hook(_module: torch.nn.Module, _inputs: object, output: torch.Tensor) -> None:
-        sink.append(output.detach())  # [1, tokens, kv_heads * head_dim] or [1, tokens, kv_heads, head_dim]
+        sink.append(
+            output.detach()
+        )  # [1, tokens, kv_heads * head_dim] or [1, tokens, kv_heads, head_dim]
 
     return hook

@@ -94,7 +94,10 @@ class KVStore:
         if meta.get("format") != FORMAT:
             raise ValueError(f"{path} is not an {FORMAT} entry")
         header = EntryHeader(
-            key, tuple(json.loads(meta["token_ids"])), meta["fingerprint"], shape  # type: ignore[arg-type]
+            key,
+            tuple(json.loads(meta["token_ids"])),
+            meta["fingerprint"],
+            shape,  # type: ignore[arg-type]
         )
         self._headers[key] = header
         return header

@@ -22,7 +22,7 @@ class Refused(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Piece:
-    """Tokens ``[src_start, src_end)`` of entry ``key`` go to prompt positions from ``dst_start``."""
+    """Tokens ``[src_start, src_end)`` of entry ``key``, placed from position ``dst_start``."""
 
     key: str
     src_start: int
@@ -48,8 +48,12 @@ class LoadPlan:
         """The same plan limited to its first ``num_tokens`` positions."""
         end = self.start + num_tokens
         pieces = [
-            Piece(p.key, p.src_start, p.src_start + min(end, p.dst_start + p.src_end - p.src_start)
-                  - p.dst_start, p.dst_start)
+            Piece(
+                p.key,
+                p.src_start,
+                p.src_start + min(end, p.dst_start + p.src_end - p.src_start) - p.dst_start,
+                p.dst_start,
+            )
             for p in self.pieces
             if p.dst_start < end
         ]

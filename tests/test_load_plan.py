@@ -34,8 +34,9 @@ def test_no_params_means_no_load():
 
 def test_full_load_from_zero():
     composed, stored = _composed()
-    plan = plan_load(composed.kv_transfer_params(FP), composed.prompt_ids, 12, 0,
-                     _header_lookup(stored), FP)
+    plan = plan_load(
+        composed.kv_transfer_params(FP), composed.prompt_ids, 12, 0, _header_lookup(stored), FP
+    )
     assert (plan.start, plan.end) == (0, 9) == (0, composed.span_end)
     assert plan.pieces == [Piece("p", 0, 4, 0), Piece("a", 0, 3, 4), Piece("b", 0, 2, 7)]
     assert plan.entry_keys == ["p", "a", "b"]
@@ -43,24 +44,27 @@ def test_full_load_from_zero():
 
 def test_load_starts_after_prefix_cache_hit():
     composed, stored = _composed()
-    plan = plan_load(composed.kv_transfer_params(FP), composed.prompt_ids, 12, 5,
-                     _header_lookup(stored), FP)
+    plan = plan_load(
+        composed.kv_transfer_params(FP), composed.prompt_ids, 12, 5, _header_lookup(stored), FP
+    )
     assert (plan.start, plan.end, plan.num_tokens) == (5, 9, 4)
     assert plan.pieces == [Piece("a", 1, 3, 5), Piece("b", 0, 2, 7)]
 
 
 def test_fully_cached_span_loads_nothing():
     composed, stored = _composed()
-    plan = plan_load(composed.kv_transfer_params(FP), composed.prompt_ids, 12, 9,
-                     _header_lookup(stored), FP)
+    plan = plan_load(
+        composed.kv_transfer_params(FP), composed.prompt_ids, 12, 9, _header_lookup(stored), FP
+    )
     assert plan.num_tokens == 0 and plan.pieces == []
 
 
 def test_load_capped_at_num_tokens_minus_one():
     prompt = [1, 2, 3, 4]
     composed = ComposedPrompt(prompt, [PlacedEntry("p", 0, 4)], [])
-    plan = plan_load(composed.kv_transfer_params(FP), prompt, 4, 0,
-                     _header_lookup({"p": (1, 2, 3, 4)}), FP)
+    plan = plan_load(
+        composed.kv_transfer_params(FP), prompt, 4, 0, _header_lookup({"p": (1, 2, 3, 4)}), FP
+    )
     assert (plan.start, plan.end) == (0, 3)
     assert plan.pieces == [Piece("p", 0, 3, 0)]
 
@@ -84,14 +88,22 @@ def test_refusals_say_why(mutate, reason):
     kw = {"fingerprint": FP, "header_fp": FP, "prompt_logprobs": False}
     mutate(params, stored, kw)
     with pytest.raises(Refused, match=reason):
-        plan_load(params, composed.prompt_ids, 12, 0, _header_lookup(stored, kw["header_fp"]),
-                  kw["fingerprint"], prompt_logprobs=kw["prompt_logprobs"])
+        plan_load(
+            params,
+            composed.prompt_ids,
+            12,
+            0,
+            _header_lookup(stored, kw["header_fp"]),
+            kw["fingerprint"],
+            prompt_logprobs=kw["prompt_logprobs"],
+        )
 
 
 def test_truncated_plan_keeps_leading_positions():
     composed, stored = _composed()
-    plan = plan_load(composed.kv_transfer_params(FP), composed.prompt_ids, 12, 2,
-                     _header_lookup(stored), FP)
+    plan = plan_load(
+        composed.kv_transfer_params(FP), composed.prompt_ids, 12, 2, _header_lookup(stored), FP
+    )
     short = plan.truncated(3)  # positions [2, 5)
     assert (short.start, short.end) == (2, 5)
     assert short.pieces == [Piece("p", 2, 4, 2), Piece("a", 0, 1, 4)]

@@ -49,7 +49,9 @@ class InferScaleConnector(KVConnectorBase_V1):
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
         missing = {"store_path", "fingerprint"} - set(extra)
         if missing:
-            raise ValueError(f"InferScaleConnector needs kv_connector_extra_config {sorted(missing)}")
+            raise ValueError(
+                f"InferScaleConnector needs kv_connector_extra_config {sorted(missing)}"
+            )
         store = KVStore(extra["store_path"], cache_bytes=int(extra.get("cache_bytes", 1 << 30)))
         self._scheduler: InjectionScheduler | None = None
         self._worker: InjectionWorker | None = None
@@ -73,7 +75,9 @@ class InferScaleConnector(KVConnectorBase_V1):
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads are synchronous and complete before the forward
 
-    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
+    ) -> None:
         return  # the engine never saves: facts are encoded by the encoder
 
     def wait_for_save(self) -> None:

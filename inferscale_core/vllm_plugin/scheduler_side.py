@@ -73,7 +73,9 @@ class InjectionScheduler:
             plan = state.plan = plan.truncated(num_external_tokens)
         block_ids = blocks.get_block_ids()[0]
         plan.slots = slot_mapping(block_ids, self.block_size, plan.start, plan.end)
-        self._ready.append(LoadOp(request.request_id, plan.start, plan.end, plan.pieces, plan.slots))
+        self._ready.append(
+            LoadOp(request.request_id, plan.start, plan.end, plan.pieces, plan.slots)
+        )
         state.loaded_tokens = plan.num_tokens
 
     def build_connector_meta(self) -> InjectionMetadata:

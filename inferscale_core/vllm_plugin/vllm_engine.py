@@ -38,8 +38,13 @@ class EngineOptions:
 def _prepare_environment(options: EngineOptions) -> bool:
     """Process-wide settings vLLM reads at import time. Returns True on a CUDA machine."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: one Python process
-    for name in ("VLLM_NO_USAGE_STATS", "VLLM_DO_NOT_TRACK", "DO_NOT_TRACK", "HF_HUB_OFFLINE",
-                 "TRANSFORMERS_OFFLINE"):
+    for name in (
+        "VLLM_NO_USAGE_STATS",
+        "VLLM_DO_NOT_TRACK",
+        "DO_NOT_TRACK",
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+    ):
         os.environ[name] = "1"
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     import torch
@@ -93,9 +98,19 @@ class VllmEngine:
     def tokenizer(self) -> Any:
         return self.llm.get_tokenizer()
 
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV-cache block (prefix caching shares whole blocks only)."""
+        return int(self._engine.vllm_config.cache_config.block_size)
+
     def _sampling_params(
-        self, kv_params: dict[str, Any] | None, max_tokens: int, temperature: float,
-        logprobs: int | None, stop: Sequence[str] | None,
+        self,
+        kv_params: dict[str, Any] | None,
+        max_tokens: int,
+        temperature: float,
+        logprobs: int | None,
+        stop: Sequence[str] | None,
+        prompt_logprobs: int | None,
     ) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -105,6 +120,7 @@ class VllmEngine:
             max_tokens=max_tokens,
             temperature=temperature,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             stop=list(stop) if stop else None,
             output_kind=RequestOutputKind.DELTA,
             extra_args=extra,
@@ -120,6 +136,7 @@ class VllmEngine:
         logprobs: int | None = None,
         stop: Sequence[str] | None = None,
         cache_salt: str | None = None,
+        prompt_logprobs: int | None = None,
     ) -> Iterator[tuple[str, GenerationResult]]:
         """Yield ``(text delta, running result)`` as tokens arrive; the last result is final.
 
@@ -134,7 +151,9 @@ class VllmEngine:
         tokens_prompt: dict[str, Any] = {"prompt_token_ids": prompt_ids}
         if salt:
             tokens_prompt["cache_salt"] = salt
-        params = self._sampling_params(kv_params, max_tokens, temperature, logprobs, stop)
+        params = self._sampling_params(
+            kv_params, max_tokens, temperature, logprobs, stop, prompt_logprobs
+        )
         request_id = f"inferscale-{next(self._ids)}"
         result = GenerationResult(request_id=request_id, prompt_tokens=len(prompt_ids))
         with self._lock:
@@ -148,20 +167,17 @@ class VllmEngine:
                         delta = _absorb(result, output, t0)
                         if delta or output.finished:
                             yield delta, result
-            except GeneratorExit:
-                self._engine.abort_request([request_id])
-                raise
-            except BaseException:
+            except BaseException:  # cancelled (GeneratorExit) or failed: free its blocks
                 self._engine.abort_request([request_id])
                 raise
 
     def generate(self, prompt: ComposedPrompt | Sequence[int], **kwargs: Any) -> GenerationResult:
         """Run a request to completion (see :meth:`stream` for the arguments)."""
-        result = None
-        for _, result in self.stream(prompt, **kwargs):
+        final = None
+        for _, final in self.stream(prompt, **kwargs):  # noqa: B007 - the last one is final
             pass
-        assert result is not None
-        return result
+        assert final is not None
+        return final
 
 
 def _absorb(result: GenerationResult, output: Any, t0: float) -> str:

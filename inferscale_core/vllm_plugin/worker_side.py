@@ -37,7 +37,8 @@ def attention_layers(vllm_config: VllmConfig) -> list[tuple[str, Any]]:
     layers = [
         (name, layer)
         for name, layer in context.items()
-        if isinstance(layer, Attention) and getattr(layer, "kv_sharing_target_layer_name", None) is None
+        if isinstance(layer, Attention)
+        and getattr(layer, "kv_sharing_target_layer_name", None) is None
     ]
     return sorted(layers, key=lambda item: extract_layer_index(item[0]))
 
@@ -66,16 +67,24 @@ class InjectionWorker:
             t0 = time.perf_counter()
             self._load(op)
             self.last_load_ms = (time.perf_counter() - t0) * 1e3
-            log.debug("request %s: injected %d tokens in %.2f ms", op.req_id,
-                      op.end - op.start, self.last_load_ms)
+            log.debug(
+                "request %s: injected %d tokens in %.2f ms",
+                op.req_id,
+                op.end - op.start,
+                self.last_load_ms,
+            )
 
     def _gather(self, op: LoadOp) -> tuple[torch.Tensor, torch.Tensor]:
         ks, vs = [], []
         for piece in op.pieces:
             entry = self.store.get(piece.key)
-            ks.append(entry.k[:, piece.src_start : piece.src_end])  # [layers, n, kv_heads, head_dim]
+            ks.append(
+                entry.k[:, piece.src_start : piece.src_end]
+            )  # [layers, n, kv_heads, head_dim]
             vs.append(entry.v[:, piece.src_start : piece.src_end])
-        return torch.cat(ks, dim=1), torch.cat(vs, dim=1)  # [layers, end - start, kv_heads, head_dim]
+        return torch.cat(ks, dim=1), torch.cat(
+            vs, dim=1
+        )  # [layers, end - start, kv_heads, head_dim]
 
     def _load(self, op: LoadOp) -> None:
         layers = self.layers
@@ -92,7 +101,9 @@ class InjectionWorker:
         v = v.to(device=device, dtype=dtype)
         slots = torch.tensor(op.slots, dtype=torch.int64, device=device)  # [tokens]
         for index, (_, layer) in enumerate(layers):
-            layer.impl.do_kv_cache_update(layer, k_post[index], v[index], _layer_cache(layer), slots)
+            layer.impl.do_kv_cache_update(
+                layer, k_post[index], v[index], _layer_cache(layer), slots
+            )
 
 
 def _layer_cache(layer: Any) -> torch.Tensor:

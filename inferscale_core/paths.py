@@ -1,0 +1,66 @@
+"""Where the assistant keeps its files.
+
+Per-user folders come from :mod:`platformdirs` for the app name ``inferscale-assistant``.
+When the environment variable ``INFERSCALE_HOME`` is set, all three live under it instead
+(``$INFERSCALE_HOME/data``, ``/cache``, ``/config``); tests and CI use that to stay out of the
+real home directory. ``INFERSCALE_CACHE`` moves the cache folder alone (the tests keep their data
+in a temporary home but share the dequantized model with the user's cache).
+
+Every function creates its folder (mode 0700: memories are private) when it does not exist
+yet, and reads the environment on each call, so a test may change ``INFERSCALE_HOME`` freely.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+APP_NAME = "inferscale-assistant"
+HOME_ENV = "INFERSCALE_HOME"
+CACHE_ENV = "INFERSCALE_CACHE"  # overrides the cache folder alone (tests share the model cache)
+CONFIG_FILENAME = "config.toml"
+DIR_MODE = 0o700
+
+
+def _ensure(path: Path) -> Path:
+    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    return path
+
+
+def _home() -> Path | None:
+    home = os.environ.get(HOME_ENV)
+    return Path(home).expanduser().absolute() if home else None
+
+
+def data_dir() -> Path:
+    """Persistent data: the memory database and its KV store."""
+    home = _home()
+    if home is not None:
+        return _ensure(home / "data")
+    return _ensure(Path(platformdirs.user_data_dir(APP_NAME, appauthor=False)))
+
+
+def cache_dir() -> Path:
+    """Rebuildable data: the dequantized model, compiled artefacts."""
+    override = os.environ.get(CACHE_ENV)
+    if override:
+        return _ensure(Path(override).expanduser().absolute())
+    home = _home()
+    if home is not None:
+        return _ensure(home / "cache")
+    return _ensure(Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False)))
+
+
+def config_dir() -> Path:
+    """The folder of :func:`config_file`."""
+    home = _home()
+    if home is not None:
+        return _ensure(home / "config")
+    return _ensure(Path(platformdirs.user_config_dir(APP_NAME, appauthor=False)))
+
+
+def config_file() -> Path:
+    """``config.toml`` in :func:`config_dir` (the folder is created; the file may not exist)."""
+    return config_dir() / CONFIG_FILENAME

@@ -1,0 +1,216 @@
+"""Chunked RoPE: rotate stored pre-RoPE keys to the absolute positions they take in a prompt.
+
+A memory fact's keys are stored *before* rotary position embedding, so the same fact can be
+placed anywhere: at request time ``rotate`` applies the model's rotation for the fact's positions
+in that prompt. RoPE acts on each key alone (a per-pair rotation by ``position * inv_freq``), so
+rotating a stored pre-RoPE key reproduces the model's own post-RoPE key exactly, provided the
+frequencies do not depend on the sequence length. That holds for default, linear, llama3 and yarn
+RoPE; dynamic NTK and longrope change their frequencies with the sequence length and are refused.
+
+YaRN also multiplies cos and sin by ``attention_scaling`` (its mscale), which makes it a scaled
+rotation; ``unrotate`` inverts it by rotating by ``-angle`` and dividing by that scale.
+
+Inverse frequencies are computed with the same float32 torch arithmetic as transformers (and
+vLLM), and angles as ``float32(position) * float32(inv_freq)``: at position 1e5 an inv_freq that
+is off by one fp32 ulp already moves the angle by ~1e-2, so we reproduce the model's rounding
+rather than the exact real-number value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+class UnsupportedRopeError(ValueError):
+    """The model's RoPE variant cannot be re-applied exactly to stored pre-RoPE keys."""
+
+
+def _get(obj, name: str, default=None):
+    value = getattr(obj, name, None)
+    return default if value is None else value
+
+
+def _rope_params(config) -> dict:
+    """The flat RoPE parameter dict of a transformers 5.x or 4.x config (``rope_type`` set)."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
+        raise UnsupportedRopeError(
+            f"per-layer-type RoPE parameters ({sorted(params)}) are not supported"
+        )
+    if not isinstance(params, dict) or not params:  # 4.x style: rope_theta + rope_scaling
+        params = dict(_get(config, "rope_scaling", {}))
+    params = dict(params)
+    params.setdefault("rope_theta", _get(config, "rope_theta", 10000.0))
+    params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
+    return params
+
+
+def _default_inv_freq(base: float, dim: int) -> torch.Tensor:
+    """transformers' float32 ``1 / base ** (arange(0, dim, 2) / dim)``."""  # [dim // 2]
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, p: dict) -> torch.Tensor:
+    """Llama-3.1 frequency smoothing, op for op as transformers' ``_compute_llama3_parameters``."""
+    factor, low, high = p["factor"], p["low_freq_factor"], p["high_freq_factor"]
+    old_context_len = p["original_max_position_embeddings"]
+    low_freq_wavelen, high_freq_wavelen = old_context_len / low, old_context_len / high
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * inv_freq_llama / factor + smooth * inv_freq_llama
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, inv_freq_llama)
+
+
+def _yarn(base: float, dim: int, p: dict, max_pos: int) -> tuple[torch.Tensor, float]:
+    """YaRN inv_freq and mscale, op for op as transformers' ``_compute_yarn_parameters``."""
+    orig = p["original_max_position_embeddings"]
+    factor = p.get("factor") or max_pos / orig
+
+    def get_mscale(scale: float, mscale: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+    attention_factor = p.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = p.get("mscale"), p.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            attention_factor = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+        else:
+            attention_factor = get_mscale(factor)
+    beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
+
+    def correction_dim(num_rotations: float) -> float:
+        return (dim * math.log(orig / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if p.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)  # [dim // 2]
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    extrapolation_factor = 1 - ramp
+    inv_freq = interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor
+    return inv_freq, float(attention_factor)
+
+
+@dataclass(frozen=True, slots=True)
+class RopeSpec:
+    """Everything needed to apply a model's RoPE to keys; hashable and model-independent."""
+
+    head_dim: int  # per-head size of the key
+    rotary_dim: int  # leading dims of each head that are rotated; the rest pass through
+    inv_freq: tuple[float, ...]  # rotary_dim // 2 inverse frequencies (exact fp32 values), scaled
+    attention_scaling: float  # multiplies cos and sin (yarn's mscale; 1.0 otherwise)
+    is_neox_style: bool  # True: rotate-half (Llama, Qwen2, Mistral); False: gptj interleaved pairs
+    rope_type: str
+
+    @classmethod
+    def from_hf_config(cls, config, is_neox_style: bool = True) -> RopeSpec:
+        """Build from a transformers config (5.x ``rope_parameters`` or 4.x ``rope_scaling``)."""
+        p = _rope_params(config)
+        rope_type = p["rope_type"]
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise UnsupportedRopeError(
+                f"RoPE type {rope_type!r} is not supported (supported: "
+                f"{', '.join(SUPPORTED_ROPE_TYPES)}): its frequencies depend on the sequence "
+                "length (dynamic NTK, longrope/su) or it is not a plain 1-D rotation (mrope, ...), "
+                "so stored pre-RoPE keys cannot be re-rotated to match the model exactly"
+            )
+        head_dim = _get(config, "head_dim") or config.hidden_size // config.num_attention_heads
+        partial = p.get("partial_rotary_factor") or _get(config, "partial_rotary_factor")
+        partial = partial or _get(config, "rotary_pct", 1.0)
+        rotary_dim = int(head_dim * partial)
+        base = float(p["rope_theta"])
+        max_pos = _get(config, "max_position_embeddings")
+        if rope_type in ("llama3", "yarn"):
+            orig = _get(config, "original_max_position_embeddings")
+            p.setdefault("original_max_position_embeddings", orig or max_pos)
+        scaling = 1.0
+        if rope_type == "yarn":
+            inv_freq, scaling = _yarn(base, rotary_dim, p, max_pos)
+        else:
+            inv_freq = _default_inv_freq(base, rotary_dim)
+            if rope_type == "linear":
+                inv_freq = inv_freq / p["factor"]
+            elif rope_type == "llama3":
+                inv_freq = _llama3_inv_freq(inv_freq, p)
+        return cls(
+            head_dim=head_dim,
+            rotary_dim=rotary_dim,
+            inv_freq=tuple(inv_freq.float().tolist()),
+            attention_scaling=scaling,
+            is_neox_style=is_neox_style,
+            rope_type=rope_type,
+        )
+
+
+def cos_sin(spec: RopeSpec, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 ``cos, sin`` of ``positions * inv_freq`` times ``attention_scaling``, as transformers.
+
+    ``positions``: [tokens] int64. Returns two [tokens, rotary_dim // 2] fp32 tensors.
+    """
+    inv_freq = torch.tensor(spec.inv_freq, dtype=torch.float32, device=positions.device)
+    angles = positions.float()[:, None] * inv_freq  # [tokens, rotary_dim // 2]
+    return angles.cos() * spec.attention_scaling, angles.sin() * spec.attention_scaling
+
+
+def _apply(
+    k: torch.Tensor,  # [..., tokens, kv_heads, head_dim]
+    positions: torch.Tensor,  # [tokens]
+    spec: RopeSpec,
+    out_dtype: torch.dtype | None,
+    inverse: bool,
+) -> torch.Tensor:
+    if k.dim() < 3 or k.shape[-1] != spec.head_dim or k.shape[-3] != positions.shape[0]:
+        raise ValueError(
+            f"k {tuple(k.shape)} must be [..., tokens={positions.shape[0]}, kv_heads, "
+            f"head_dim={spec.head_dim}]"
+        )
+    cos, sin = cos_sin(spec, positions.to(k.device))  # [tokens, rotary_dim // 2]
+    cos, sin = cos[:, None, :], sin[:, None, :]  # [tokens, 1, rotary_dim // 2]
+    x = k.float()  # [..., tokens, kv_heads, head_dim]
+    rd = spec.rotary_dim
+    if spec.is_neox_style:
+        a, b = x[..., : rd // 2], x[..., rd // 2 : rd]
+    else:
+        a, b = x[..., 0:rd:2], x[..., 1:rd:2]
+    if inverse:  # R(-angle) / scale: the transpose of the scaled rotation divided by scale**2
+        s2 = spec.attention_scaling**2
+        ra, rb = (a * cos + b * sin) / s2, (b * cos - a * sin) / s2
+    else:
+        ra, rb = a * cos - b * sin, b * cos + a * sin
+    if spec.is_neox_style:
+        rot = torch.cat((ra, rb), dim=-1)  # [..., tokens, kv_heads, rotary_dim]
+    else:
+        rot = torch.stack((ra, rb), dim=-1).flatten(-2)  # [..., tokens, kv_heads, rotary_dim]
+    out = rot if rd == spec.head_dim else torch.cat((rot, x[..., rd:]), dim=-1)
+    return out.to(out_dtype or k.dtype)
+
+
+def rotate(
+    k_pre: torch.Tensor,  # [..., tokens, kv_heads, head_dim], e.g. [layers, tokens, ...]
+    positions: torch.Tensor,  # [tokens] int64 absolute positions in the prompt
+    spec: RopeSpec,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Apply RoPE to pre-RoPE keys: fp32 math, one rounding to ``out_dtype`` (default: input's)."""
+    return _apply(k_pre, positions, spec, out_dtype, inverse=False)
+
+
+def unrotate(
+    k_post: torch.Tensor,  # [..., tokens, kv_heads, head_dim]
+    positions: torch.Tensor,  # [tokens] int64 positions ``k_post`` was rotated to
+    spec: RopeSpec,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Exact inverse of ``rotate`` (rotation by ``-angle``, divided by ``attention_scaling``)."""
+    return _apply(k_post, positions, spec, out_dtype, inverse=True)

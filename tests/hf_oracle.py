@@ -1,0 +1,51 @@
+"""Hugging Face forward fed a given KV: the oracle for what vLLM computes after injection."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from inferscale_core.rope import RopeSpec, rotate
+
+
+@torch.inference_mode()
+def logprobs_after_injected_kv(
+    model: torch.nn.Module,
+    k_pre: torch.Tensor,  # [layers, span, kv_heads, head_dim] pre-RoPE, positions 0..span-1
+    v: torch.Tensor,  # [layers, span, kv_heads, head_dim]
+    rest_ids: Sequence[int],  # the prompt after the span, then any generated tokens to score
+    steps: int,
+) -> list[torch.Tensor]:
+    """Log-probabilities ([vocab]) at the last ``steps`` positions of ``rest_ids``.
+
+    The cache holds exactly the injected KV (re-rotated to positions 0..span-1), so every
+    token after the span attends to it as vLLM's would.
+    """
+    from transformers import DynamicCache
+
+    spec = RopeSpec.from_hf_config(model.config)
+    span = k_pre.shape[1]
+    k_post = rotate(k_pre.float(), torch.arange(span), spec)  # [layers, span, kv_heads, head_dim]
+    cache = DynamicCache(config=model.config)
+    for layer in range(k_post.shape[0]):
+        cache.update(
+            k_post[layer].transpose(0, 1).unsqueeze(0),  # [1, kv_heads, span, head_dim]
+            v[layer].float().transpose(0, 1).unsqueeze(0),
+            layer,
+        )
+    ids = torch.tensor([list(rest_ids)])
+    positions = torch.arange(span, span + len(rest_ids)).unsqueeze(0)
+    logits = model(input_ids=ids, position_ids=positions, past_key_values=cache).logits[0]
+    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [len(rest_ids), vocab]
+    return [logprobs[i] for i in range(len(rest_ids) - steps, len(rest_ids))]
+
+
+def max_logprob_delta(a: Sequence[dict[int, float]], b: Sequence[dict[int, float]]) -> float:
+    """Largest |Δ logprob| over the tokens both sides report, step by step."""
+    delta = 0.0
+    for step_a, step_b in zip(a, b, strict=True):
+        shared = set(step_a) & set(step_b)
+        assert shared, "no token in common at a step"
+        delta = max(delta, max(abs(step_a[t] - step_b[t]) for t in shared))
+    return delta
