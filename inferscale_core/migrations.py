@@ -1,0 +1,171 @@
+"""Numbered schema migrations of the fact log (sqlite-utils ``Migrations``, as in simonw's llm).
+
+Rules: migrations only ever grow. Never edit or reorder one that has shipped; add ``m007_...``.
+Each migration runs inside a transaction (a savepoint inside the single ``BEGIN IMMEDIATE``
+that :func:`migrate` opens), together with its row in ``_sqlite_migrations``, so a failure
+leaves it pending and applying twice is a no-op.
+
+The tables are written as plain SQL rather than ``db[...].create()`` because they need what
+sqlite-utils' ``create()`` cannot express: CHECK constraints, table-level UNIQUE constraints,
+composite foreign keys (which make it impossible for a turn, audit row or superseding fact to
+point at a row of another profile) and a partial unique index.
+
+Timestamps are ISO 8601 text. Our own clock (``created_at``, ``updated_at``, ``at``) is UTC with
+microseconds and ``+00:00``, so those columns sort lexicographically; ``turns.timestamp`` keeps
+whatever the source said (see :mod:`inferscale_core.factlog`).
+"""
+
+from __future__ import annotations
+
+from sqlite_utils import Database
+from sqlite_utils.migrations import Migrations
+
+migrations = Migrations("inferscale")
+
+
+@migrations()
+def m001_profiles(db: Database) -> None:
+    db.execute(
+        """
+        CREATE TABLE profiles (
+            id INTEGER PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE CHECK (name <> ''),
+            created_at TEXT NOT NULL
+        )
+        """
+    )
+
+
+@migrations()
+def m002_conversations(db: Database) -> None:
+    # UNIQUE (profile_id, source, source_id): idempotent re-import. A NULL source_id (a live chat
+    # without a stable id) is never equal to another, so such conversations are always new.
+    # UNIQUE (id, profile_id) is the parent key of the composite foreign key in turns.
+    db.execute(
+        """
+        CREATE TABLE conversations (
+            id INTEGER PRIMARY KEY,
+            profile_id INTEGER NOT NULL REFERENCES profiles(id),
+            title TEXT NOT NULL DEFAULT '',
+            source TEXT NOT NULL,
+            source_id TEXT,
+            created_at TEXT NOT NULL,
+            UNIQUE (profile_id, source, source_id),
+            UNIQUE (id, profile_id)
+        )
+        """
+    )
+
+
+@migrations()
+def m003_turns(db: Database) -> None:
+    db.execute(
+        """
+        CREATE TABLE turns (
+            id INTEGER PRIMARY KEY,
+            conversation_id INTEGER NOT NULL,
+            profile_id INTEGER NOT NULL REFERENCES profiles(id),
+            idx INTEGER NOT NULL CHECK (idx >= 0),
+            speaker TEXT NOT NULL,
+            text TEXT NOT NULL,
+            timestamp TEXT,
+            source TEXT NOT NULL,
+            source_id TEXT,
+            UNIQUE (conversation_id, idx),
+            FOREIGN KEY (conversation_id, profile_id) REFERENCES conversations(id, profile_id)
+        )
+        """
+    )
+    db.execute("CREATE INDEX idx_turns_profile ON turns (profile_id, id)")
+
+
+@migrations()
+def m004_facts(db: Database) -> None:
+    # text_hash is kept when a fact is forgotten: it is the tombstone that stops the extractor
+    # from re-adding the same fact from the old turns. The partial unique index is the dedup
+    # guarantee: at most one *active* fact per normalized text per profile.
+    db.execute(
+        """
+        CREATE TABLE facts (
+            id INTEGER PRIMARY KEY,
+            profile_id INTEGER NOT NULL REFERENCES profiles(id),
+            text TEXT NOT NULL,
+            text_hash TEXT NOT NULL,
+            refers_to TEXT,
+            source_turn_ids TEXT NOT NULL DEFAULT '[]',
+            status TEXT NOT NULL DEFAULT 'active'
+                CHECK (status IN ('active', 'superseded', 'forgotten')),
+            supersedes INTEGER,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            UNIQUE (id, profile_id),
+            FOREIGN KEY (supersedes, profile_id) REFERENCES facts(id, profile_id)
+        )
+        """
+    )
+    db.execute("CREATE INDEX idx_facts_profile_status ON facts (profile_id, status)")
+    db.execute("CREATE INDEX idx_facts_profile_hash ON facts (profile_id, text_hash)")
+    db.execute(
+        "CREATE UNIQUE INDEX idx_facts_active_hash ON facts (profile_id, text_hash)"
+        " WHERE status = 'active'"
+    )
+    db.execute("CREATE INDEX idx_facts_supersedes ON facts (supersedes)")
+
+
+@migrations()
+def m005_audit(db: Database) -> None:
+    db.execute(
+        """
+        CREATE TABLE audit (
+            id INTEGER PRIMARY KEY,
+            profile_id INTEGER NOT NULL REFERENCES profiles(id),
+            fact_id INTEGER NOT NULL,
+            action TEXT NOT NULL CHECK (action IN ('add', 'update', 'delete', 'forget')),
+            cause TEXT NOT NULL,
+            old_text TEXT,
+            new_text TEXT,
+            at TEXT NOT NULL,
+            FOREIGN KEY (fact_id, profile_id) REFERENCES facts(id, profile_id)
+        )
+        """
+    )
+    db.execute("CREATE INDEX idx_audit_profile_fact ON audit (profile_id, fact_id)")
+
+
+@migrations()
+def m006_kv_entries(db: Database) -> None:
+    # The primary key (fact_id, ...) also serves "which facts lack an entry" and "drop the
+    # entries of fact N".
+    db.execute(
+        """
+        CREATE TABLE kv_entries (
+            fact_id INTEGER NOT NULL REFERENCES facts(id),
+            model_fingerprint TEXT NOT NULL,
+            w INTEGER NOT NULL CHECK (w >= 0),
+            encoder_version TEXT NOT NULL,
+            location TEXT NOT NULL,
+            num_tokens INTEGER NOT NULL CHECK (num_tokens >= 0),
+            nbytes INTEGER NOT NULL CHECK (nbytes >= 0),
+            created_at TEXT NOT NULL,
+            PRIMARY KEY (fact_id, model_fingerprint, w, encoder_version)
+        )
+        """
+    )
+
+
+def migrate(db: Database) -> None:
+    """Apply every pending migration; a no-op when the schema is current.
+
+    All pending migrations run under one ``BEGIN IMMEDIATE``: two processes opening a fresh
+    file at once serialize on the write lock, and the second finds nothing pending (each
+    migration's own ``atomic()`` nests as a savepoint).
+    """
+    if not migrations.pending(db):
+        return
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        migrations.apply(db)
+    except BaseException:
+        db.rollback()
+        raise
+    db.commit()

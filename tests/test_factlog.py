@@ -1,0 +1,560 @@
+"""The fact log: schema, file safety, idempotent/atomic imports, facts, isolation, crashes.
+
+Run as a script (``python tests/test_factlog.py child DB``) it is the child process of the
+crash test.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sqlite3
+import stat
+import subprocess
+import sys
+import threading
+import time
+from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from sqlite_utils import Database
+
+from inferscale_core.factlog import FactLog, InactiveFactError, fact_text_hash, normalize_fact_text
+from inferscale_core.migrations import migrate, migrations
+from inferscale_core.types import Conversation, Turn
+
+REPO = Path(__file__).resolve().parents[1]
+
+EXPECTED_COLUMNS = {
+    "profiles": {"id": int, "name": str, "created_at": str},
+    "conversations": {
+        "id": int,
+        "profile_id": int,
+        "title": str,
+        "source": str,
+        "source_id": str,
+        "created_at": str,
+    },
+    "turns": {
+        "id": int,
+        "conversation_id": int,
+        "profile_id": int,
+        "idx": int,
+        "speaker": str,
+        "text": str,
+        "timestamp": str,
+        "source": str,
+        "source_id": str,
+    },
+    "facts": {
+        "id": int,
+        "profile_id": int,
+        "text": str,
+        "text_hash": str,
+        "refers_to": str,
+        "source_turn_ids": str,
+        "status": str,
+        "supersedes": int,
+        "created_at": str,
+        "updated_at": str,
+    },
+    "audit": {
+        "id": int,
+        "profile_id": int,
+        "fact_id": int,
+        "action": str,
+        "cause": str,
+        "old_text": str,
+        "new_text": str,
+        "at": str,
+    },
+    "kv_entries": {
+        "fact_id": int,
+        "model_fingerprint": str,
+        "w": int,
+        "encoder_version": str,
+        "location": str,
+        "num_tokens": int,
+        "nbytes": int,
+        "created_at": str,
+    },
+}
+
+
+def conv(source_id: str | None, n: int, *, title: str = "t", source: str = "jsonl", start=0):
+    return Conversation(
+        title=title,
+        turns=[Turn("user" if i % 2 == 0 else "assistant", f"turn {i}") for i in range(start, n)],
+        source=source,
+        source_id=source_id,
+    )
+
+
+@pytest.fixture
+def log() -> FactLog:
+    return FactLog(Database(memory=True))
+
+
+def schema(db: Database) -> list[tuple]:
+    return db.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
+
+
+def count(log: FactLog, sql: str, params=()) -> int:
+    return log.db.execute(sql, params).fetchone()[0]
+
+
+# -- schema ----------------------------------------------------------------------------------
+
+
+def test_migrations_create_the_schema_and_reapply_as_a_no_op():
+    db = Database(memory=True)
+    migrate(db)
+    assert [m.name for m in migrations.applied(db)] == [
+        "m001_profiles",
+        "m002_conversations",
+        "m003_turns",
+        "m004_facts",
+        "m005_audit",
+        "m006_kv_entries",
+    ]
+    for table, columns in EXPECTED_COLUMNS.items():
+        assert db[table].columns_dict == columns, table
+    assert db["kv_entries"].pks == ["fact_id", "model_fingerprint", "w", "encoder_version"]
+    partial = db.execute(
+        "SELECT sql FROM sqlite_master WHERE name = 'idx_facts_active_hash'"
+    ).fetchone()[0]
+    assert "UNIQUE" in partial and "WHERE status = 'active'" in partial
+
+    before, applied = schema(db), migrations.applied(db)
+    migrate(db)
+    FactLog(db)  # opening an up-to-date database migrates nothing either
+    assert schema(db) == before
+    assert migrations.applied(db) == applied
+    assert migrations.pending(db) == []
+
+
+def test_open_creates_a_private_wal_file(tmp_path, monkeypatch):
+    old = os.umask(0)  # the 0600 must come from FactLog.open, not from the umask
+    try:
+        path = tmp_path / "sub" / "memory.db"
+        with FactLog.open(path) as log:
+            log.profile()
+            assert log.db.journal_mode == "wal"
+            assert log.db.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+            assert log.db.execute("PRAGMA busy_timeout").fetchone()[0] >= 1000
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+            assert stat.S_IMODE(os.stat(f"{path}-wal").st_mode) == 0o600
+    finally:
+        os.umask(old)
+    with FactLog.open(path) as log:  # reopening keeps the data
+        assert log.profile() == 1
+
+
+def test_open_tightens_a_looser_existing_file(tmp_path, caplog):
+    path = tmp_path / "memory.db"
+    FactLog.open(path).close()
+    os.chmod(path, 0o644)
+    with caplog.at_level(logging.WARNING, logger="inferscale_core.factlog"):
+        FactLog.open(path).close()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert "readable by others" in caplog.text
+
+
+# -- conversations and turns -----------------------------------------------------------------
+
+
+def test_add_conversation_is_idempotent_and_imports_only_new_turns(log):
+    p = log.profile()
+    cid, n = log.add_conversation(p, conv("a", 3))
+    assert n == 3
+    assert log.add_conversation(p, conv("a", 3)) == (cid, 0)
+    assert log.add_conversation(p, conv("a", 5, title="renamed")) == (cid, 2)
+    assert log.db.execute("SELECT title FROM conversations").fetchall() == [("renamed",)]
+    assert log.add_conversation(p, conv("a", 4)) == (cid, 0)  # a shorter export adds nothing
+    rows = log.db.execute(
+        "SELECT idx, text FROM turns WHERE conversation_id = ? ORDER BY idx", (cid,)
+    ).fetchall()
+    assert rows == [(i, f"turn {i}") for i in range(5)]
+
+    # another source with the same source_id is another conversation
+    other, n = log.add_conversation(p, conv("a", 2, source="chatgpt"))
+    assert other != cid and n == 2
+    # without a source_id every add is a new conversation
+    ids = {log.add_conversation(p, conv(None, 1))[0] for _ in range(3)}
+    assert len(ids) == 3
+    assert count(log, "SELECT count(*) FROM turns") == 5 + 2 + 3
+
+
+@pytest.mark.parametrize("failure", ["not_null", "exception"])
+def test_add_conversation_is_all_or_nothing(log, monkeypatch, failure):
+    p = log.profile()
+    cid, _ = log.add_conversation(p, conv("old", 2))
+    new = conv("new", 6)
+    grown = conv("old", 6)
+    if failure == "not_null":
+        new.turns[3].text = None  # type: ignore[assignment]
+        grown.turns[4].text = None  # type: ignore[assignment]
+        expected = sqlite3.IntegrityError
+    else:
+        real_execute = log.db.execute
+        calls = {"n": 0}
+
+        def flaky_execute(sql, params=None):
+            if sql.startswith("INSERT INTO turns"):
+                calls["n"] += 1
+                if calls["n"] % 3 == 0:
+                    raise RuntimeError("disk on fire")
+            return real_execute(sql, params)
+
+        monkeypatch.setattr(log.db, "execute", flaky_execute)
+        expected = RuntimeError
+    with pytest.raises(expected):
+        log.add_conversation(p, new)
+    with pytest.raises(expected):
+        log.add_conversation(p, grown)
+    monkeypatch.undo()
+    assert log.db.execute("SELECT id, source_id FROM conversations").fetchall() == [(cid, "old")]
+    assert count(log, "SELECT count(*) FROM turns") == 2
+    assert not log.db.conn.in_transaction
+    # and the log is still usable afterwards
+    assert log.add_conversation(p, conv("old", 6))[1] == 4
+
+
+def test_timestamps_round_trip(log):
+    p = log.profile()
+    aware = datetime(2024, 3, 1, 23, 30, tzinfo=timezone(timedelta(hours=-5)))
+    naive = datetime(2024, 3, 2, 8, 0, 0, 123456)
+    c = Conversation("t", [Turn("u", "a", aware, "x1"), Turn("u", "b", naive), Turn("u", "c")])
+    cid, _ = log.add_conversation(p, c)
+    stored = [t for _, t in log.turns(p)]
+    assert [t.timestamp for t in stored] == [aware, naive, None]
+    assert stored[0].source_id == "x1"
+    assert log.db.execute("SELECT timestamp FROM turns WHERE idx = 0").fetchone()[0] == (
+        "2024-03-01T23:30:00-05:00"
+    )
+
+
+def test_append_turn_and_turns_before(log):
+    p = log.profile()
+    cid, _ = log.add_conversation(p, conv("a", 3))
+    other, _ = log.add_conversation(p, conv("b", 3))
+    tid = log.append_turn(cid, Turn("user", "turn 3"))
+    assert count(log, "SELECT idx FROM turns WHERE id = ?", (tid,)) == 3
+    assert [t.text for t in log.turns_before(tid, 2)] == ["turn 1", "turn 2"]
+    assert [t.text for t in log.turns_before(tid, 10)] == ["turn 0", "turn 1", "turn 2"]
+    assert log.turns_before(tid, 0) == []
+    first = count(log, "SELECT id FROM turns WHERE conversation_id = ? AND idx = 0", (other,))
+    assert log.turns_before(first, 5) == []  # never reaches into another conversation
+    with pytest.raises(ValueError):
+        log.append_turn(9999, Turn("user", "x"))
+    # the extractor's cursor: turns after a given id
+    ids = [i for i, _ in log.turns(p)]
+    assert ids == sorted(ids) and len(ids) == 7
+    assert [i for i, _ in log.turns(p, after_id=ids[4])] == ids[5:]
+    assert len(log.turns(p, limit=2)) == 2
+
+
+# -- facts -----------------------------------------------------------------------------------
+
+
+def test_normalization():
+    assert normalize_fact_text("  I live in   PARIS.  ") == "i live in paris"
+    assert normalize_fact_text("I live in Paris!?…") == "i live in paris"
+    assert fact_text_hash("I live in Paris") == fact_text_hash("i live\nin paris.")
+    assert fact_text_hash("I live in Paris") != fact_text_hash("I live in Lyon")
+
+
+def test_add_fact_dedups_within_a_profile(log):
+    p = log.profile()
+    cid, _ = log.add_conversation(p, conv("a", 3))
+    t0, t1 = (r[0] for r in log.db.execute("SELECT id FROM turns ORDER BY id LIMIT 2"))
+    fid, created = log.add_fact(p, "I live in Paris.", date(2024, 5, 1), [t0])
+    assert created
+    assert log.add_fact(p, "i  live in paris", source_turn_ids=[t1]) == (fid, False)
+    fact = log.get_fact(fid)
+    assert fact.text == "I live in Paris."
+    assert fact.refers_to == date(2024, 5, 1)
+    assert fact.source_turn_ids == [t0, t1]  # provenance of the duplicate is kept
+    assert fact.status == "active" and fact.supersedes is None
+    assert isinstance(fact.created_at, datetime)
+    (entry,) = log.audit(p)
+    assert (entry.fact_id, entry.action, entry.new_text) == (fid, "add", "I live in Paris.")
+    assert entry.cause == f"extracted from turn {t0}"
+    with pytest.raises(ValueError):
+        log.add_fact(p, " ... ")
+    with pytest.raises(ValueError):
+        log.add_fact(p, "unknown turn", source_turn_ids=[12345])
+    assert log.get_fact(9999) is None
+
+
+def test_update_fact_supersedes(log):
+    p = log.profile()
+    f1, _ = log.add_fact(p, "I live in Lyon", refers_to="2020-01-01", cause="chat")
+    f2 = log.update_fact(f1, "I live in Paris", cause="user moved")
+    f3 = log.update_fact(f2, "I live in Paris, 11th arrondissement", cause="more precise")
+    assert [f.id for f in log.active_facts(p)] == [f3]
+    assert log.get_fact(f1).status == log.get_fact(f2).status == "superseded"
+    assert log.get_fact(f3).supersedes == f2 and log.get_fact(f2).supersedes == f1
+    assert log.get_fact(f3).refers_to == date(2020, 1, 1)  # kept unless given
+    entries = log.audit(p, fact_id=f3)
+    assert [(e.action, e.old_text, e.new_text, e.cause) for e in entries] == [
+        ("update", "I live in Paris", "I live in Paris, 11th arrondissement", "more precise")
+    ]
+    assert [e.action for e in log.audit(p)] == ["add", "update", "update"]
+    with pytest.raises(InactiveFactError):
+        log.update_fact(f1, "I live in Rome", cause="stale")
+    with pytest.raises(KeyError):
+        log.update_fact(9999, "x", cause="x")
+
+    # a case-only fix supersedes in place of the old one
+    f4 = log.update_fact(f3, "i live in paris, 11th arrondissement", cause="case")
+    assert f4 != f3 and log.get_fact(f4).supersedes == f3
+    # updating into the text of another active fact merges into it
+    g, _ = log.add_fact(p, "I have a cat")
+    h, _ = log.add_fact(p, "I have a kitten")
+    assert log.update_fact(h, "I have a cat.", cause="same thing") == g
+    assert {f.id for f in log.active_facts(p)} == {f4, g}
+
+
+def test_forget_removes_kv_and_keeps_an_audit_row(log):
+    p = log.profile()
+    fid, _ = log.add_fact(p, "My PIN is 1234")
+    keep, _ = log.add_fact(p, "I like tea")
+    log.record_kv(fid, "fp", 0, "v1", "/kv/a.safetensors", 7, 700)
+    log.record_kv(fid, "fp", 2, "v1", "/kv/b.safetensors", 9, 900)
+    log.record_kv(keep, "fp", 0, "v1", "/kv/c.safetensors", 5, 500)
+
+    removed = log.forget_fact(fid, cause="user forgot it in the memory browser")
+    assert removed == ["/kv/a.safetensors", "/kv/b.safetensors"]
+    assert count(log, "SELECT count(*) FROM kv_entries WHERE fact_id = ?", (fid,)) == 0
+    assert count(log, "SELECT count(*) FROM kv_entries") == 1
+    fact = log.get_fact(fid)
+    assert fact.status == "forgotten" and fact.text == ""
+    assert [f.id for f in log.active_facts(p)] == [keep]
+    assert log.facts_without_kv(p, "fp", 2, "v1", 10) == [log.get_fact(keep)]
+    assert count(log, "SELECT count(*) FROM facts WHERE text LIKE '%1234%'") == 0
+    last = log.audit(p, fact_id=fid)[-1]
+    assert (last.action, last.old_text, last.new_text) == ("forget", "My PIN is 1234", None)
+    assert last.cause == "user forgot it in the memory browser"
+
+    # an encoder that raced with the forget may not bring the KV back
+    with pytest.raises(InactiveFactError):
+        log.record_kv(fid, "fp", 0, "v1", "/kv/late.safetensors", 7, 700)
+    # re-extracting it from the old turns does not resurrect it ...
+    assert log.add_fact(p, "my pin is 1234.") == (fid, False)
+    assert [f.id for f in log.active_facts(p)] == [keep]
+    # ... unless the user deliberately tells it again
+    again, created = log.add_fact(p, "My PIN is 1234", allow_forgotten=True)
+    assert created and again != fid
+    assert log.forget_fact(fid, cause="twice") == []  # forgetting again changes nothing
+    with pytest.raises(InactiveFactError):
+        log.update_fact(fid, "My PIN is 0000", cause="x")
+
+
+def test_delete_fact_and_prune_kv(log):
+    p = log.profile()
+    a, _ = log.add_fact(p, "I am 30")
+    log.record_kv(a, "fp", 0, 1, "/kv/a", 3, 30)
+    b = log.update_fact(a, "I am 31", cause="birthday")
+    assert log.prune_kv(p) == ["/kv/a"]  # the superseded fact's tensors
+    log.record_kv(b, "fp", 0, 1, "/kv/b", 3, 30)
+    assert log.delete_fact(b, cause="no longer true") == ["/kv/b"]
+    assert log.get_fact(b).text == "I am 31" and log.get_fact(b).status == "superseded"
+    assert log.active_facts(p) == []
+    assert log.audit(p)[-1].action == "delete"
+
+
+def test_facts_without_kv_and_record_kv(log):
+    p = log.profile()
+    a, _ = log.add_fact(p, "fact a")
+    b, _ = log.add_fact(p, "fact b")
+    c, _ = log.add_fact(p, "fact c")
+    assert [f.id for f in log.facts_without_kv(p, "fp", 2, "v1", 10)] == [a, b, c]
+    assert [f.id for f in log.facts_without_kv(p, "fp", 2, "v1", 2)] == [a, b]
+    assert log.record_kv(b, "fp", 2, "v1", "/kv/b1", 4, 400) is None
+    assert [f.id for f in log.facts_without_kv(p, "fp", 2, "v1", 10)] == [a, c]
+    assert [f.id for f in log.facts_without_kv(p, "fp", 0, "v1", 10)] == [a, b, c]
+    assert [f.id for f in log.facts_without_kv(p, "other", 2, "v1", 10)] == [a, b, c]
+    assert [f.id for f in log.facts_without_kv(p, "fp", 2, "v2", 10)] == [a, b, c]
+    # re-encoding replaces the entry and hands back the old location
+    assert log.record_kv(b, "fp", 2, "v1", "/kv/b2", 4, 400) == "/kv/b1"
+    assert log.record_kv(b, "fp", 2, "v1", "/kv/b2", 4, 400) is None
+    assert count(log, "SELECT count(*) FROM kv_entries") == 1
+
+
+def test_profiles_are_isolated(log):
+    alice, bob = log.profile("alice"), log.profile("bob")
+    assert alice != bob and log.profile("alice") == alice
+    a, created_a = log.add_fact(alice, "My sister is called Ann")
+    b, created_b = log.add_fact(bob, "my sister is called ann.")
+    assert created_a and created_b and a != b
+    assert [f.id for f in log.active_facts(alice)] == [a]
+    assert [f.id for f in log.active_facts(bob)] == [b]
+    assert [e.fact_id for e in log.audit(alice)] == [a]
+    assert log.audit(alice, fact_id=b) == []
+    assert [f.id for f in log.facts_without_kv(bob, "fp", 0, "v", 10)] == [b]
+    log.forget_fact(a, cause="alice forgot it")
+    assert [f.id for f in log.active_facts(bob)] == [b]
+    assert log.add_fact(bob, "My sister is called Ann") == (b, False)
+
+    # same conversation source ids in two profiles are two conversations
+    ca, _ = log.add_conversation(alice, conv("shared-id", 2))
+    cb, n = log.add_conversation(bob, conv("shared-id", 2))
+    assert ca != cb and n == 2
+    assert {t.text for _, t in log.turns(alice)} == {"turn 0", "turn 1"}
+    assert len(log.turns(bob)) == 2
+    # a fact can't cite another profile's turns
+    bob_turn = log.turns(bob)[0][0]
+    with pytest.raises(ValueError):
+        log.add_fact(alice, "stolen", source_turn_ids=[bob_turn])
+    # and the schema itself refuses rows that point across profiles
+    with pytest.raises(sqlite3.IntegrityError):
+        log.db.execute(
+            "INSERT INTO turns (conversation_id, profile_id, idx, speaker, text, source)"
+            " VALUES (?, ?, 9, 'u', 'x', 'jsonl')",
+            (ca, bob),
+        )
+    with pytest.raises(sqlite3.IntegrityError):
+        log.db.execute(
+            "INSERT INTO audit (profile_id, fact_id, action, cause, at)"
+            " VALUES (?, ?, 'add', 'x', 'now')",
+            (bob, a),
+        )
+
+
+def test_concurrent_writers_wait_instead_of_failing(tmp_path):
+    path = tmp_path / "memory.db"
+    FactLog.open(path).close()
+    errors: list[BaseException] = []
+
+    def writer(i: int) -> None:
+        try:
+            with FactLog.open(path) as log:
+                p = log.profile("shared")
+                for c in range(100):
+                    log.add_fact(p, f"fact {i} {c}")
+                    log.add_fact(p, f"common fact {c}")
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with FactLog.open(path) as log:
+        assert len(log.active_facts(log.profile("shared"))) == 4 * 100 + 100
+
+
+# -- crash -----------------------------------------------------------------------------------
+
+N_CONVERSATIONS = 1000
+
+
+def crash_conversation(c: int) -> Conversation:
+    return Conversation(
+        title=f"conversation {c}",
+        turns=[Turn("user", f"c{c} t{i} " + "x" * (c % 50)) for i in range(5 + c % 11)],
+        source="crashtest",
+        source_id=f"conv-{c}",
+    )
+
+
+def import_all(log: FactLog) -> int:
+    p = log.profile()
+    return sum(log.add_conversation(p, crash_conversation(c))[1] for c in range(N_CONVERSATIONS))
+
+
+def crash_child(db_path: str) -> None:
+    log = FactLog.open(Path(db_path))
+    p = log.profile()
+    # Slow every turn insert a little (inside the transaction) so the parent's SIGKILL lands
+    # partway through the import, and most likely in the middle of a conversation.
+    log.db.conn.set_trace_callback(
+        lambda sql: time.sleep(0.0003) if sql.startswith("INSERT INTO turns") else None
+    )
+    for c in range(N_CONVERSATIONS):
+        log.add_conversation(p, crash_conversation(c))
+        if c == 0:
+            print("started", flush=True)
+    print("finished", flush=True)
+
+
+def test_import_survives_sigkill(tmp_path):
+    db_path = tmp_path / "crash.db"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    child = subprocess.Popen(
+        [sys.executable, __file__, "child", str(db_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        line = child.stdout.readline()
+        assert line.strip() == "started", child.stderr.read()
+        reader = sqlite3.connect(db_path, timeout=10)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            stored = reader.execute("SELECT count(*) FROM conversations").fetchone()[0]
+            if stored >= 50 or child.poll() is not None:
+                break
+            time.sleep(0.005)
+        reader.close()
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == -signal.SIGKILL, "the child finished before it was killed"
+
+    expected = {c: len(crash_conversation(c).turns) for c in range(N_CONVERSATIONS)}
+    with FactLog.open(db_path) as log:
+        assert log.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        partial = log.db.execute(
+            "SELECT c.source_id, count(t.id) FROM conversations c"
+            " LEFT JOIN turns t ON t.conversation_id = c.id GROUP BY c.id"
+        ).fetchall()
+        assert 0 < len(partial) < N_CONVERSATIONS
+        # every conversation the child committed is complete: none half-imported
+        for source_id, n in partial:
+            assert n == expected[int(source_id.removeprefix("conv-"))], source_id
+        stored_turns = sum(n for _, n in partial)
+
+        added = import_all(log)  # re-run the same import to completion
+
+        total = sum(expected.values())
+        assert added == total - stored_turns
+        assert count(log, "SELECT count(*) FROM conversations") == N_CONVERSATIONS
+        assert count(log, "SELECT count(*) FROM turns") == total
+        dupes = log.db.execute(
+            "SELECT conversation_id, idx FROM turns GROUP BY conversation_id, idx"
+            " HAVING count(*) > 1"
+        ).fetchall()
+        assert dupes == []
+        rows = log.db.execute(
+            "SELECT c.source_id, t.idx, t.text FROM turns t"
+            " JOIN conversations c ON c.id = t.conversation_id"
+        ).fetchall()
+        got = {(s, i, t) for s, i, t in rows}
+        want = {
+            (f"conv-{c}", i, t.text)
+            for c in range(N_CONVERSATIONS)
+            for i, t in enumerate(crash_conversation(c).turns)
+        }
+        assert got == want  # nothing lost, nothing extra
+        assert import_all(log) == 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "child":
+        crash_child(sys.argv[2])
+    else:
+        sys.exit(f"usage: {sys.argv[0]} child DB")
