@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import date
 
 from rich.console import Console
@@ -19,6 +20,7 @@ def run_ask(
     prompt_injection: bool,
     verbose: bool,
     console: Console,
+    as_json: bool = False,
 ) -> int:
     from app.runtime import open_runtime
 
@@ -31,6 +33,24 @@ def run_ask(
         result = runtime.engine.generate(ids, max_tokens=max_tokens)
     else:
         result = runtime.engine.generate(composed, max_tokens=max_tokens)
+    injected_facts = composed.fact_keys if result.injected_tokens and not prompt_injection else []
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "answer": result.text.strip(),
+                    "ttft_s": result.ttft_s,
+                    "injected_fact_ids": injected_facts,
+                    "injected_tokens": result.injected_tokens,
+                    "prompt_tokens": result.prompt_tokens,
+                    "prefix_cached_tokens": result.prefix_cached_tokens,
+                    "computed_tokens": result.computed_tokens,
+                    "mode": "prompt" if prompt_injection else "inject",
+                    "refused": result.refused,
+                }
+            )
+        )
+        return 0
     out = Console()
     out.print(result.text.strip())
     table = Table(title="memory", show_header=True, header_style="bold", title_justify="left")

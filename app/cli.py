@@ -10,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from datetime import date
+from pathlib import Path
 
 from rich.console import Console
 
@@ -23,6 +24,7 @@ EPILOG = """\
 examples:
   inferscale-assistant ask "What is the capital of France?"
   inferscale-assistant ask --fact "2023-05-08 I adopted a cat named Miso" "What is my cat called?"
+  inferscale-assistant bench ttft --k 0,5,20,50 --runs 5 --json ttft.json
   inferscale-assistant models prepare
 """
 
@@ -68,6 +70,30 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="put the memories into the prompt as text instead of injecting their KV (baseline)",
     )
+
+    ask.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"answer", "ttft_s", "injected_fact_ids", "injected_tokens", ...} as JSON',
+    )
+
+    bench = sub.add_parser("bench", help="measure: TTFT of KV injection vs prompt injection")
+    bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
+    ttft = bench_sub.add_parser(
+        "ttft",
+        help="time to first token with k synthetic memories, injection vs prompt injection",
+        description="For each k, each run draws k synthetic facts (~50 tokens each) in a random"
+        " order and measures TTFT of KV injection and of prompt injection (prefix caching on) in"
+        " the same engine, then prints medians, p90 and the ratio.",
+    )
+    ttft.add_argument(
+        "--k", default="0,5,20,50", help="comma-separated numbers of facts (0,5,20,50)"
+    )
+    ttft.add_argument("--runs", type=int, default=5, help="measured runs per k and mode (5)")
+    ttft.add_argument("--warmup", type=int, default=2, help="warm-up runs per mode (2)")
+    ttft.add_argument("--json", type=Path, metavar="PATH", help="write raw samples as JSON here")
+    ttft.add_argument("--model", help="local Hugging Face model folder (default: SmolLM2)")
+    ttft.add_argument("--seed", type=int, default=0, help="fact sampling seed (0)")
 
     models = sub.add_parser("models", help="manage the embedded models")
     models_sub = models.add_subparsers(dest="models_command", metavar="ACTION", required=True)

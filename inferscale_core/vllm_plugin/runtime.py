@@ -1,0 +1,44 @@
+"""Wires a model folder into the running parts: layout, encoder, KV store, builder, engine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inferscale_core.composer import ChatLayout
+from inferscale_core.encoder import HFReferenceEncoder
+from inferscale_core.fingerprint import model_fingerprint
+from inferscale_core.kvstore import KVStore
+from inferscale_core.prompt_builder import PromptBuilder
+from inferscale_core.vllm_plugin.vllm_engine import EngineOptions, VllmEngine
+
+
+@dataclass(slots=True)
+class Runtime:
+    model_dir: Path
+    fingerprint: str
+    store: KVStore
+    builder: PromptBuilder
+    engine: VllmEngine
+
+
+def build_runtime(
+    model_dir: Path,
+    store_root: Path,
+    system_prompt: str,
+    on_step: Callable[[str], None] = lambda step: None,
+    **engine_options: Any,
+) -> Runtime:
+    """Everything needed to answer with injected memories (store in ``store_root/<fp>``)."""
+    from transformers import AutoTokenizer
+
+    fingerprint = model_fingerprint(model_dir)
+    store = KVStore(Path(store_root) / fingerprint)
+    layout = ChatLayout(AutoTokenizer.from_pretrained(str(model_dir)), system_prompt)
+    on_step("loading the encoder")
+    builder = PromptBuilder(layout, HFReferenceEncoder(model_dir, fingerprint), store)
+    on_step("starting the engine")
+    engine = VllmEngine(EngineOptions(model_dir, store.root, fingerprint, **engine_options))
+    return Runtime(model_dir, fingerprint, store, builder, engine)

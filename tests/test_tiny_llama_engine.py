@@ -1,0 +1,38 @@
+"""Injection on a tiny random Llama with llama3 RoPE scaling (a second engine: own process)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.engine
+
+SCRIPT = Path(__file__).with_name("tiny_llama_check.py")
+
+
+def test_tiny_llama3_rope_injection_is_exact(smollm2_path: Path, tmp_path: Path):
+    repo = Path(__file__).resolve().parents[1]
+    path = os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING", PYTHONPATH=path)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path), str(smollm2_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=repo,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    print(report)
+    assert report["k1_same_tokens"]
+    assert report["k1_delta"] <= 1e-4
+    assert report["k1_injected"] == report["k1_span_end"]
+    assert report["k5_refused"] is None
+    assert report["k5_injected"] == report["k5_span_end"] - report["k5_prefix_cached"]
+    assert report["k5_delta_vs_hf"] <= 1e-4

@@ -1,0 +1,108 @@
+"""Exactness on a tiny random Llama with Llama-3.1 RoPE scaling, in its own process.
+
+A pytest session may hold one vLLM engine (the SmolLM2 one), so this check runs as a script:
+``python tests/tiny_llama_check.py WORKDIR TOKENIZER_DIR`` builds a 2-layer random Llama with
+``rope_type="llama3"``, injects k=1 and k=5 facts, and prints one JSON line with the measured
+|Δ logprob| (k=1 vs full prefill; k=5 vs a Hugging Face forward on the same injected KV).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from datetime import date
+from pathlib import Path
+
+STEPS = 4
+
+
+def make_tiny_llama(folder: Path, tokenizer_dir: Path) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,  # head_dim 32, grouped-query attention
+        max_position_embeddings=4096,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        initializer_range=0.08,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    model = LlamaForCausalLM(config).to(torch.float32)
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_dir / name, folder / name)
+    return folder
+
+
+def main(workdir: Path, tokenizer_dir: Path) -> dict:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from hf_oracle import logprobs_after_injected_kv, max_logprob_delta
+
+    from inferscale_core.kvstore import stack_entries
+    from inferscale_core.prompt_builder import MemoryFact
+    from inferscale_core.vllm_plugin.runtime import build_runtime
+
+    model_dir = make_tiny_llama(workdir / "tiny-llama", tokenizer_dir)
+    runtime = build_runtime(
+        model_dir, workdir / "kv", "You are a test model. Memory:", max_model_len=2048
+    )
+    builder, engine = runtime.builder, runtime.engine
+    facts = [
+        MemoryFact(f"Fact number {i}: the {word} is kept in drawer {i * 7}.", date(2024, 1, i + 1))
+        for i, word in enumerate(["key", "map", "pen", "coin", "ring"])
+    ]
+    question = "Where is the coin?"
+
+    composed1 = builder.build(facts[:1], question)
+    full = engine.generate(
+        builder.prompt_injection_ids(facts[:1], question),
+        max_tokens=STEPS,
+        logprobs=5,
+        cache_salt="tiny-full",
+    )
+    inj1 = engine.generate(composed1, max_tokens=STEPS, logprobs=5)
+
+    composed5 = builder.build(facts, question)
+    inj5 = engine.generate(composed5, max_tokens=STEPS, logprobs=5)
+    k_pre, v = stack_entries([runtime.store.get(e.key) for e in composed5.entries])
+    rest = composed5.prompt_ids[composed5.span_end :] + inj5.token_ids[:-1]
+    oracle = logprobs_after_injected_kv(
+        builder.encoder.model, k_pre, v, rest, steps=len(inj5.token_ids)
+    )
+    delta5 = max(
+        abs(value - float(expected[token]))
+        for step, expected in zip(inj5.logprobs, oracle, strict=True)
+        for token, value in step.items()
+    )
+    return {
+        "rope_type": "llama3",
+        "k1_delta": max_logprob_delta(full.logprobs, inj1.logprobs),
+        "k1_same_tokens": full.token_ids == inj1.token_ids,
+        "k1_injected": inj1.injected_tokens,
+        "k1_span_end": composed1.span_end,
+        "k5_delta_vs_hf": delta5,
+        "k5_injected": inj5.injected_tokens,
+        "k5_prefix_cached": inj5.prefix_cached_tokens,
+        "k5_span_end": composed5.span_end,
+        "k5_refused": inj5.refused,
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(Path(sys.argv[1]), Path(sys.argv[2]))))
