@@ -129,9 +129,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                 prompt_injection=args.prompt_injection,
                 verbose=args.verbose,
                 console=console,
+                as_json=args.json,
+            )
+        if args.command == "bench":
+            from app.bench_cmd import run_bench_ttft
+
+            try:
+                ks = sorted({int(k) for k in args.k.split(",") if k.strip()})
+            except ValueError:
+                parser.error(f"--k takes comma-separated whole numbers, got {args.k!r}")
+            if not ks or min(ks) < 0 or args.runs < 1:
+                parser.error("--k needs numbers >= 0 and --runs at least 1")
+            return run_bench_ttft(
+                ks,
+                args.runs,
+                args.warmup,
+                args.json,
+                args.model,
+                args.seed,
+                verbose=args.verbose,
+                console=console,
             )
     except ModelSetupError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
         return 2
     parser.error(f"unknown command {args.command}")
     return 2

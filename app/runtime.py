@@ -20,8 +20,8 @@ STEP_HINTS = {"starting the engine": "starting the engine (about 25 s on a CPU)â
 
 def open_runtime(model: str | None, console: Console, verbose: bool = False) -> Runtime:
     if not verbose:
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-        logging.getLogger("vllm").setLevel(logging.WARNING)
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        logging.getLogger("vllm").setLevel(logging.ERROR)
     with console.status("preparing the modelâ€¦") as status:
         model_dir = resolve_model(model)
         return build_runtime(

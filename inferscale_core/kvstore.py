@@ -75,7 +75,10 @@ class KVStore:
             Path(tmp).unlink(missing_ok=True)
             raise
         with self._lock:
-            self._drop_cached(entry.key)
+            self._headers[entry.key] = EntryHeader(
+                entry.key, tuple(entry.token_ids), entry.fingerprint, tuple(entry.k.shape)
+            )
+            self._remember(entry)  # write-through: the injection right after needs it
         return target
 
     def has(self, key: str) -> bool:
@@ -145,6 +148,25 @@ class KVStore:
         old = self._tensors.pop(key, None)
         if old is not None:
             self._cached_bytes -= old.nbytes
+
+
+_SHARED: dict[Path, KVStore] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def open_shared(root: Path | str, cache_bytes: int = 1 << 30) -> KVStore:
+    """The process's one :class:`KVStore` for ``root`` (created on first use).
+
+    When the encoder and vLLM's connector live in one process (the desktop app), they share
+    memory caches through this, so a fact encoded a moment ago is injected without a disk read.
+    In separate processes each opens its own; the files are the contract.
+    """
+    key = Path(root).resolve()
+    with _SHARED_LOCK:
+        store = _SHARED.get(key)
+        if store is None:
+            store = _SHARED[key] = KVStore(key, cache_bytes=cache_bytes)
+        return store
 
 
 def stack_entries(entries: list[FactKV]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -169,6 +169,7 @@ def _apply(
     spec: RopeSpec,
     out_dtype: torch.dtype | None,
     inverse: bool,
+    out: torch.Tensor | None = None,  # [..., tokens, kv_heads, head_dim], written in place
 ) -> torch.Tensor:
     if k.dim() < 3 or k.shape[-1] != spec.head_dim or k.shape[-3] != positions.shape[0]:
         raise ValueError(
@@ -177,23 +178,33 @@ def _apply(
         )
     cos, sin = cos_sin(spec, positions.to(k.device))  # [tokens, rotary_dim // 2]
     cos, sin = cos[:, None, :], sin[:, None, :]  # [tokens, 1, rotary_dim // 2]
+    if inverse:  # R(-angle) / scale: the transpose of the scaled rotation divided by scale**2
+        s2 = spec.attention_scaling**2
+        cos, sin = cos / s2, -sin / s2
     x = k.float()  # [..., tokens, kv_heads, head_dim]
+    dtype = out_dtype or (out.dtype if out is not None else k.dtype)
+    # fp32 result buffer: the caller's when it is fp32 (no copy), else one rounding at the end.
+    direct = out is not None and out.dtype == torch.float32
+    result = out if direct else torch.empty(x.shape, dtype=torch.float32, device=x.device)
     rd = spec.rotary_dim
     if spec.is_neox_style:
         a, b = x[..., : rd // 2], x[..., rd // 2 : rd]
+        ra, rb = result[..., : rd // 2], result[..., rd // 2 : rd]
     else:
         a, b = x[..., 0:rd:2], x[..., 1:rd:2]
-    if inverse:  # R(-angle) / scale: the transpose of the scaled rotation divided by scale**2
-        s2 = spec.attention_scaling**2
-        ra, rb = (a * cos + b * sin) / s2, (b * cos - a * sin) / s2
-    else:
-        ra, rb = a * cos - b * sin, b * cos + a * sin
-    if spec.is_neox_style:
-        rot = torch.cat((ra, rb), dim=-1)  # [..., tokens, kv_heads, rotary_dim]
-    else:
-        rot = torch.stack((ra, rb), dim=-1).flatten(-2)  # [..., tokens, kv_heads, rotary_dim]
-    out = rot if rd == spec.head_dim else torch.cat((rot, x[..., rd:]), dim=-1)
-    return out.to(out_dtype or k.dtype)
+        ra, rb = result[..., 0:rd:2], result[..., 1:rd:2]
+    # ra = a*cos - b*sin ; rb = b*cos + a*sin, without full-size temporaries.
+    torch.mul(a, cos, out=ra)
+    ra.addcmul_(b, sin, value=-1.0)
+    torch.mul(b, cos, out=rb)
+    rb.addcmul_(a, sin)
+    if rd != spec.head_dim:
+        result[..., rd:] = x[..., rd:]
+    if out is not None:
+        if not direct:
+            out.copy_(result)  # the single rounding to the cache dtype
+        return out
+    return result if dtype == torch.float32 else result.to(dtype)
 
 
 def rotate(
@@ -201,9 +212,10 @@ def rotate(
     positions: torch.Tensor,  # [tokens] int64 absolute positions in the prompt
     spec: RopeSpec,
     out_dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,  # optional destination, same shape (e.g. a slice of a buffer)
 ) -> torch.Tensor:
     """Apply RoPE to pre-RoPE keys: fp32 math, one rounding to ``out_dtype`` (default: input's)."""
-    return _apply(k_pre, positions, spec, out_dtype, inverse=False)
+    return _apply(k_pre, positions, spec, out_dtype, inverse=False, out=out)
 
 
 def unrotate(

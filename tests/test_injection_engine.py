@@ -98,10 +98,15 @@ def test_prefix_cache_with_salt_reuses_blocks_and_still_matches(runtime):
     assert max_logprob_delta(first.logprobs, second.logprobs) <= TOLERANCE
 
 
-def _refused(engine, composed, **kwargs):
-    result = engine.generate(composed, max_tokens=4, **kwargs)
+def _refused(engine, composed):
+    """A refused request is prefilled in full: the same output as prompt injection."""
+    result = _greedy(engine, composed)
     assert result.injected_tokens == 0
     assert result.computed_tokens == result.prompt_tokens - result.prefix_cached_tokens
+    full = _greedy(engine, composed.prompt_ids, cache_salt=f"reference-{composed.cache_salt}")
+    assert full.injected_tokens == 0
+    assert result.token_ids == full.token_ids
+    assert max_logprob_delta(full.logprobs, result.logprobs) <= TOLERANCE
     return result
 
 
@@ -122,15 +127,16 @@ def test_token_mismatch_is_refused(runtime):
 
 
 def test_wrong_fingerprint_is_refused(runtime, monkeypatch):
-    composed = runtime.builder.build(FACTS[:1], "What is my cat called?")
+    composed = runtime.builder.build(FACTS[:1], "What is my cat called?", w=7)
     monkeypatch.setattr(runtime.engine, "fingerprint", "another-model")
     assert "does not match the engine" in _refused(runtime.engine, composed).refused
 
 
 def test_prompt_logprobs_request_is_not_injected(runtime):
-    composed = runtime.builder.build(FACTS[:1], "What is my cat called?")
+    composed = runtime.builder.build(FACTS[:1], "What is my cat called?", w=9)
     result = runtime.engine.generate(composed, max_tokens=2, prompt_logprobs=1)
     assert result.injected_tokens == 0
+    assert result.computed_tokens == result.prompt_tokens  # prompt logprobs need every token
 
 
 def test_injected_answer_is_the_prompt_injection_answer(runtime):

@@ -26,7 +26,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from inferscale_core.kvstore import KVStore
+from inferscale_core.kvstore import open_shared
 from inferscale_core.vllm_plugin.metadata import InjectionMetadata
 from inferscale_core.vllm_plugin.scheduler_side import InjectionScheduler
 from inferscale_core.vllm_plugin.worker_side import InjectionWorker
@@ -52,14 +52,14 @@ class InferScaleConnector(KVConnectorBase_V1):
             raise ValueError(
                 f"InferScaleConnector needs kv_connector_extra_config {sorted(missing)}"
             )
-        store = KVStore(extra["store_path"], cache_bytes=int(extra.get("cache_bytes", 1 << 30)))
+        store = open_shared(extra["store_path"], cache_bytes=int(extra.get("cache_bytes", 1 << 30)))
         self._scheduler: InjectionScheduler | None = None
         self._worker: InjectionWorker | None = None
         if role == KVConnectorRole.SCHEDULER:
             block_size = vllm_config.cache_config.block_size
             self._scheduler = InjectionScheduler(store, str(extra["fingerprint"]), block_size)
         else:
-            self._worker = InjectionWorker(vllm_config, store)
+            self._worker = InjectionWorker(vllm_config, store, extra.get("kv_write", "backend"))
 
     # ---- worker side ----
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:

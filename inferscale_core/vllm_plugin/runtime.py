@@ -10,7 +10,7 @@ from typing import Any
 from inferscale_core.composer import ChatLayout
 from inferscale_core.encoder import HFReferenceEncoder
 from inferscale_core.fingerprint import model_fingerprint
-from inferscale_core.kvstore import KVStore
+from inferscale_core.kvstore import KVStore, open_shared
 from inferscale_core.prompt_builder import PromptBuilder
 from inferscale_core.vllm_plugin.vllm_engine import EngineOptions, VllmEngine
 
@@ -35,10 +35,12 @@ def build_runtime(
     from transformers import AutoTokenizer
 
     fingerprint = model_fingerprint(model_dir)
-    store = KVStore(Path(store_root) / fingerprint)
+    store = open_shared(Path(store_root) / fingerprint)
     layout = ChatLayout(AutoTokenizer.from_pretrained(str(model_dir)), system_prompt)
     on_step("loading the encoder")
     builder = PromptBuilder(layout, HFReferenceEncoder(model_dir, fingerprint), store)
     on_step("starting the engine")
     engine = VllmEngine(EngineOptions(model_dir, store.root, fingerprint, **engine_options))
+    on_step("warming up the engine")
+    engine.warm_up()
     return Runtime(model_dir, fingerprint, store, builder, engine)

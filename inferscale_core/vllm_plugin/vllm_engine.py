@@ -32,6 +32,7 @@ class EngineOptions:
     enable_prefix_caching: bool = True
     enforce_eager: bool | None = None  # None: eager on CPU, compiled + CUDA graphs on GPU
     seed: int = 0
+    kv_write: str = "backend"  # "torch": write known GPU layouts with torch indexing
     extra: dict[str, Any] = field(default_factory=dict)  # more LLM(...) keyword arguments
 
 
@@ -81,6 +82,7 @@ class VllmEngine:
                 kv_connector_extra_config={
                     "store_path": str(options.store_path),
                     "fingerprint": options.fingerprint,
+                    "kv_write": options.kv_write,
                 },
             ),
         )
@@ -170,6 +172,12 @@ class VllmEngine:
             except BaseException:  # cancelled (GeneratorExit) or failed: free its blocks
                 self._engine.abort_request([request_id])
                 raise
+
+    def warm_up(self) -> float:
+        """Run one short request so the first real one does not pay one-time set-up costs."""
+        t0 = time.perf_counter()
+        self.generate([1, 2, 3, 4], max_tokens=2)
+        return time.perf_counter() - t0
 
     def generate(self, prompt: ComposedPrompt | Sequence[int], **kwargs: Any) -> GenerationResult:
         """Run a request to completion (see :meth:`stream` for the arguments)."""

@@ -3,8 +3,10 @@
 The write goes through the attention backend's own cache-update function
 (``layer.impl.do_kv_cache_update``), the same call the forward pass makes, so every cache
 layout (the CPU backend's ISA-packed keys, FLASH_ATTN's blocks) is written as the backend
-expects it. The load is synchronous, before the forward, and never touches
-``forward_context.attn_metadata`` (None under full CUDA graphs).
+expects it. On a GPU, ``kv_write="torch"`` writes the layouts of ``paged_layouts`` with plain
+torch indexing instead (to be fused across layers for the GPU issue). The load is synchronous,
+before the forward, and never touches ``forward_context.attn_metadata`` (None under full CUDA
+graphs).
 """
 
 from __future__ import annotations
@@ -18,11 +20,20 @@ import torch
 from inferscale_core.kvstore import KVStore
 from inferscale_core.rope import RopeSpec, rotate
 from inferscale_core.vllm_plugin.metadata import InjectionMetadata, LoadOp
+from inferscale_core.vllm_plugin.paged_layouts import (
+    PagedLayout,
+    UnknownLayoutError,
+    detect_layout,
+    scatter_kv,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
 log = logging.getLogger(__name__)
+
+# GPU attention backends whose paged cache layouts paged_layouts.py knows (vLLM 0.26).
+_TORCH_WRITABLE_BACKENDS = frozenset({"FLASH_ATTN", "FLASHINFER", "TRITON_ATTN"})
 
 # Model types whose RoPE rotates interleaved pairs (GPT-J style) instead of halves (NeoX style).
 _GPTJ_STYLE_MODEL_TYPES = frozenset({"gptj", "chatglm", "glm"})
@@ -46,14 +57,20 @@ def attention_layers(vllm_config: VllmConfig) -> list[tuple[str, Any]]:
 class InjectionWorker:
     """Executes the step's :class:`LoadOp` list before the forward."""
 
-    def __init__(self, vllm_config: VllmConfig, store: KVStore) -> None:
+    def __init__(self, vllm_config: VllmConfig, store: KVStore, kv_write: str = "backend") -> None:
+        if kv_write not in ("backend", "torch"):
+            raise ValueError(f"kv_write must be 'backend' or 'torch', got {kv_write!r}")
+        self.kv_write = kv_write
         self.vllm_config = vllm_config
         self.store = store
         hf_config = vllm_config.model_config.hf_text_config
         self.rope = RopeSpec.from_hf_config(
             hf_config, is_neox_style=hf_config.model_type not in _GPTJ_STYLE_MODEL_TYPES
         )
+        self.block_size = vllm_config.cache_config.block_size
         self._layers: list[tuple[str, Any]] | None = None
+        self._layouts: dict[str, PagedLayout] | None = None
+        self._buffers: dict[str, torch.Tensor] = {}
         self.last_load_ms: float = 0.0
 
     @property
@@ -61,6 +78,24 @@ class InjectionWorker:
         if self._layers is None:
             self._layers = attention_layers(self.vllm_config)
         return self._layers
+
+    @property
+    def _torch_layouts(self) -> dict[str, PagedLayout]:
+        """GPU layers whose cache layout we write with torch indexing (see paged_layouts)."""
+        if self._layouts is None:
+            self._layouts = {}
+            for name, layer in self.layers:
+                cache = _layer_cache(layer)
+                backend = getattr(getattr(layer, "attn_backend", None), "get_name", lambda: "")()
+                if cache.device.type != "cuda" or backend not in _TORCH_WRITABLE_BACKENDS:
+                    continue
+                try:
+                    self._layouts[name] = detect_layout(
+                        cache, self.block_size, layer.num_kv_heads, layer.head_size
+                    )
+                except UnknownLayoutError as exc:
+                    log.info("layer %s: using the backend's cache update: %s", name, exc)
+        return self._layouts
 
     def start_load_kv(self, meta: InjectionMetadata) -> None:
         for op in meta.loads:
@@ -74,36 +109,49 @@ class InjectionWorker:
                 self.last_load_ms,
             )
 
-    def _gather(self, op: LoadOp) -> tuple[torch.Tensor, torch.Tensor]:
-        ks, vs = [], []
-        for piece in op.pieces:
-            entry = self.store.get(piece.key)
-            ks.append(
-                entry.k[:, piece.src_start : piece.src_end]
-            )  # [layers, n, kv_heads, head_dim]
-            vs.append(entry.v[:, piece.src_start : piece.src_end])
-        return torch.cat(ks, dim=1), torch.cat(
-            vs, dim=1
-        )  # [layers, end - start, kv_heads, head_dim]
+    def _scratch(
+        self, name: str, shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        """A reused [layers, tokens, heads, dim] buffer (fresh memory page-faults every time)."""
+        layers, tokens, heads, dim = shape
+        buf = self._buffers.get(name)
+        if buf is None or buf.shape[1] < tokens or buf.dtype != dtype or buf.device != device:
+            capacity = max(1024, 1 << (tokens - 1).bit_length())
+            buf = torch.empty(layers, capacity, heads, dim, dtype=dtype, device=device)
+            self._buffers[name] = buf
+        return buf[:, :tokens]  # each layer's [tokens, heads, dim] stays contiguous
 
     def _load(self, op: LoadOp) -> None:
         layers = self.layers
-        k_pre, v = self._gather(op)  # [layers, tokens, kv_heads, head_dim] fp32, pre-RoPE
-        if k_pre.shape[0] != len(layers) or k_pre.shape[1] != len(op.slots):
-            raise RuntimeError(
-                f"stored KV {tuple(k_pre.shape)} does not fit {len(layers)} layers and"
-                f" {len(op.slots)} slots; the scheduler should have refused this request"
-            )
         first_cache = _layer_cache(layers[0][1])
         device, dtype = first_cache.device, first_cache.dtype
-        positions = torch.arange(op.start, op.end, dtype=torch.int64)  # [tokens]
-        k_post = rotate(k_pre.to(device), positions.to(device), self.rope, out_dtype=dtype)
-        v = v.to(device=device, dtype=dtype)
-        slots = torch.tensor(op.slots, dtype=torch.int64, device=device)  # [tokens]
-        for index, (_, layer) in enumerate(layers):
-            layer.impl.do_kv_cache_update(
-                layer, k_post[index], v[index], _layer_cache(layer), slots
+        entries = [self.store.get(piece.key) for piece in op.pieces]
+        num_layers, _, kv_heads, head_dim = entries[0].k.shape
+        head_dim_v = entries[0].v.shape[-1]
+        tokens = op.end - op.start
+        if num_layers != len(layers) or tokens != len(op.slots):
+            raise RuntimeError(
+                f"stored KV has {num_layers} layers for {len(layers)} and {tokens} tokens for"
+                f" {len(op.slots)} slots; the scheduler should have refused this request"
             )
+        positions = torch.arange(op.start, op.end, dtype=torch.int64, device=device)  # [tokens]
+        k_post = self._scratch("k", (num_layers, tokens, kv_heads, head_dim), dtype, device)
+        v_all = self._scratch("v", (num_layers, tokens, kv_heads, head_dim_v), dtype, device)
+        # Rotate each piece straight into its place: no concatenated pre-RoPE copy.
+        for piece, entry in zip(op.pieces, entries, strict=True):
+            at = piece.dst_start - op.start
+            n = piece.src_end - piece.src_start
+            k_pre = entry.k[:, piece.src_start : piece.src_end].to(device, non_blocking=True)
+            rotate(k_pre, positions[at : at + n], self.rope, out=k_post[:, at : at + n])
+            v_all[:, at : at + n] = entry.v[:, piece.src_start : piece.src_end]
+        slots = torch.tensor(op.slots, dtype=torch.int64, device=device)  # [tokens]
+        for index, (name, layer) in enumerate(layers):
+            cache = _layer_cache(layer)
+            layout = self._torch_layouts.get(name) if self.kv_write == "torch" else None
+            if layout is not None:
+                scatter_kv(cache, layout, k_post[index], v_all[index], slots, self.block_size)
+            else:  # the backend's own write: right for every layout, incl. ISA-packed CPU keys
+                layer.impl.do_kv_cache_update(layer, k_post[index], v_all[index], cache, slots)
 
 
 def _layer_cache(layer: Any) -> torch.Tensor:

@@ -1,0 +1,103 @@
+"""Paged KV-cache layouts of vLLM's GPU attention backends, written with plain torch indexing.
+
+The connector normally writes through the backend's own ``do_kv_cache_update``. On a GPU, for
+the layouts listed here, a plain ``index_put_`` per layer is an alternative we control (and the
+starting point for fusing all layers into one kernel). Pure torch, no vLLM import, so every
+layout is tested on CPU tensors. Token ``t`` of a request lives in slot
+``block_ids[t // block_size] * block_size + t % block_size``.
+
+Layouts (logical shapes; strides may permute them):
+
+``fused_heads``  ``[num_blocks, kv_heads, block_size, 2 * head_dim]``, K in ``[..., :head_dim]``
+                 (vLLM 0.26 FLASH_ATTN / FLASHINFER / TRITON_ATTN, seen on the H200)
+``kv_first``     ``[2, num_blocks, block_size, kv_heads, head_dim]`` (older FLASH_ATTN)
+``blocks_first`` ``[num_blocks, 2, block_size, kv_heads, head_dim]`` (older FLASHINFER / TRITON)
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import torch
+
+
+class PagedLayout(Enum):
+    FUSED_HEADS = "fused_heads"
+    KV_FIRST = "kv_first"
+    BLOCKS_FIRST = "blocks_first"
+
+
+class UnknownLayoutError(ValueError):
+    """A cache tensor whose shape matches none of the layouts we can write safely."""
+
+
+def detect_layout(
+    cache: torch.Tensor, block_size: int, kv_heads: int, head_dim: int
+) -> PagedLayout:
+    """Which layout ``cache`` has, from its shape; :class:`UnknownLayoutError` if none fits."""
+    shape = tuple(cache.shape)
+    matches = []
+    if len(shape) == 4 and shape[1:] == (kv_heads, block_size, 2 * head_dim):
+        matches.append(PagedLayout.FUSED_HEADS)
+    if len(shape) == 5 and shape[2:] == (block_size, kv_heads, head_dim):
+        if shape[0] == 2:
+            matches.append(PagedLayout.KV_FIRST)
+        if shape[1] == 2:
+            matches.append(PagedLayout.BLOCKS_FIRST)
+    if len(matches) != 1:
+        why = (
+            "is ambiguous between " + ", ".join(m.value for m in matches)
+            if matches
+            else ("matches no known layout")
+        )
+        raise UnknownLayoutError(
+            f"KV cache of shape {shape} {why} for block_size={block_size},"
+            f" kv_heads={kv_heads}, head_dim={head_dim}; write through the backend's"
+            " do_kv_cache_update instead"
+        )
+    return matches[0]
+
+
+def _block_offset(slots: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.div(slots, block_size, rounding_mode="floor"), slots % block_size  # [tokens] x2
+
+
+def scatter_kv(
+    cache: torch.Tensor,  # one layer's paged cache in ``layout``
+    layout: PagedLayout,
+    k: torch.Tensor,  # [tokens, kv_heads, head_dim] post-RoPE, cache dtype
+    v: torch.Tensor,  # [tokens, kv_heads, head_dim]
+    slots: torch.Tensor,  # [tokens] int64
+    block_size: int,
+) -> None:
+    """Write ``k``/``v`` into ``cache`` at ``slots`` (in place)."""
+    blocks, offsets = _block_offset(slots, block_size)
+    head_dim = k.shape[-1]
+    if layout is PagedLayout.FUSED_HEADS:
+        # Advanced indices split by a slice put the token dim first: [tokens, kv_heads, 2 * hd].
+        cache[blocks, :, offsets] = torch.cat([k, v], dim=-1)
+        assert cache.shape[-1] == 2 * head_dim
+    elif layout is PagedLayout.KV_FIRST:
+        cache[0, blocks, offsets] = k  # [tokens, kv_heads, head_dim]
+        cache[1, blocks, offsets] = v
+    elif layout is PagedLayout.BLOCKS_FIRST:
+        cache[blocks, 0, offsets] = k
+        cache[blocks, 1, offsets] = v
+    else:  # pragma: no cover - Enum is closed
+        raise UnknownLayoutError(str(layout))
+
+
+def gather_kv(
+    cache: torch.Tensor, layout: PagedLayout, slots: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read back K and V at ``slots``: each [tokens, kv_heads, head_dim]."""
+    blocks, offsets = _block_offset(slots, block_size)
+    if layout is PagedLayout.FUSED_HEADS:
+        both = cache[blocks, :, offsets]  # [tokens, kv_heads, 2 * head_dim]
+        head_dim = both.shape[-1] // 2
+        return both[..., :head_dim], both[..., head_dim:]
+    if layout is PagedLayout.KV_FIRST:
+        return cache[0, blocks, offsets], cache[1, blocks, offsets]
+    if layout is PagedLayout.BLOCKS_FIRST:
+        return cache[blocks, 0, offsets], cache[blocks, 1, offsets]
+    raise UnknownLayoutError(str(layout))  # pragma: no cover
