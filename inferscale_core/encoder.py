@@ -46,11 +46,29 @@ class HFReferenceEncoder:
     def _attention_modules(self) -> list[torch.nn.Module]:
         return [layer.self_attn for layer in self.model.model.layers]
 
-    @torch.inference_mode()
     def encode(self, key: str, context_ids: Sequence[int], entry_ids: Sequence[int]) -> FactKV:
         """K/V of ``entry_ids`` as they are computed right after ``context_ids``."""
-        if not entry_ids:
-            raise ValueError("an entry needs at least one token")
+        return self.encode_batch([(key, context_ids, entry_ids)])[0]
+
+    @torch.inference_mode()
+    def encode_batch(
+        self, items: Sequence[tuple[str, Sequence[int], Sequence[int]]]
+    ) -> list[FactKV]:
+        """Encode several ``(key, context_ids, entry_ids)`` in one forward pass.
+
+        Sequences are right-padded: under causal attention a token never sees what follows it,
+        so padding changes nothing for the real tokens and batching stays exact.
+        """
+        if not items:
+            return []
+        for key, _, entry_ids in items:
+            if not entry_ids:
+                raise ValueError(f"entry {key} needs at least one token")
+        sequences = [list(ctx) + list(ids) for _, ctx, ids in items]
+        width = max(len(seq) for seq in sequences)
+        ids = torch.zeros(len(sequences), width, dtype=torch.long)  # [batch, width]
+        for row, seq in enumerate(sequences):
+            ids[row, : len(seq)] = torch.tensor(seq)
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
         handles = []
@@ -60,17 +78,23 @@ class HFReferenceEncoder:
             handles.append(k_module.register_forward_hook(_capture(keys)))
             handles.append(attn.v_proj.register_forward_hook(_capture(values)))
         try:
-            ids = torch.tensor([list(context_ids) + list(entry_ids)], device=self.device)
-            self.model.model(input_ids=ids, use_cache=False)
+            self.model.model(input_ids=ids.to(self.device), use_cache=False)
         finally:
             for handle in handles:
                 handle.remove()
-        n = len(entry_ids)
-        shape = (len(keys), -1, self.num_kv_heads, self.head_dim)
-        k = torch.stack([t[0, -n:].reshape(n, -1) for t in keys]).reshape(shape)
-        v = torch.stack([t[0, -n:].reshape(n, -1) for t in values]).reshape(shape)
-        # k, v: [layers, tokens, kv_heads, head_dim]
-        return FactKV(key, list(entry_ids), k.float().cpu(), v.float().cpu(), self.fingerprint)
+        batch, layers = len(sequences), len(keys)
+        k_all = torch.stack([t.reshape(batch, width, -1) for t in keys], dim=1)
+        v_all = torch.stack([t.reshape(batch, width, -1) for t in values], dim=1)
+        # k_all, v_all: [batch, layers, width, kv_heads * head_dim]
+        out = []
+        for row, (key, ctx, entry_ids) in enumerate(items):
+            start, n = len(ctx), len(entry_ids)
+            shape = (layers, n, self.num_kv_heads, -1)
+            k = k_all[row, :, start : start + n].reshape(shape).float().cpu().contiguous()
+            v = v_all[row, :, start : start + n].reshape(shape).float().cpu().contiguous()
+            # k, v: [layers, tokens, kv_heads, head_dim]
+            out.append(FactKV(key, list(entry_ids), k, v, self.fingerprint))
+        return out
 
 
 def _capture(sink: list[torch.Tensor]):

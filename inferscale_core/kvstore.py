@@ -1,31 +1,59 @@
-"""Durable store of pre-RoPE KV entries: one safetensors file per entry.
+"""Tiered store of pre-RoPE KV entries: device pool → host RAM → disk (one safetensors file each).
 
-The vLLM connector opens this store from a plain path in each process it runs in (DESIGN.md §6):
-its scheduler side reads only headers (token ids, fingerprint, shape), its worker side reads
-tensors. Writes are atomic (temporary file, fsync, rename): a reader never sees half an entry.
+The files are the durable copy and the contract between processes: the vLLM connector opens
+this store from a plain path in each process it runs in (DESIGN.md §6). Its scheduler side reads
+only headers (token ids, fingerprint, shape), its worker side reads tensors. Writes are atomic
+(temporary file, fsync, rename): a reader never sees half an entry.
+
+Memory tiers (:mod:`inferscale_core.kv_tiers`) are LRU caches with byte budgets: host RAM
+(pinned when CUDA is present) and, when a device is given, one preallocated device pool.
+``get`` serves from the fastest tier holding an entry; ``prefetch`` moves a set of entries to the
+fastest tier before an injection. One lock guards the bookkeeping; file I/O happens outside it,
+and a per-key version keeps a read that raced a ``put``/``delete`` from caching stale data.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
+import logging
 import os
+import struct
 import tempfile
 import threading
-from collections import OrderedDict
-from dataclasses import dataclass
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from inferscale_core.kv_tiers import DeviceTier, HostTier, to_host
 from inferscale_core.types import FactKV
 
 FORMAT = "inferscale-kv/1"
+_TEMP_PREFIX = ".tmp-"
+_STALE_TEMP_S = 3600.0  # temporary files older than this are from a crashed writer
+
+log = logging.getLogger(__name__)
 
 
 class EntryMissingError(KeyError):
     """No entry with that key in the store."""
+
+
+class FingerprintMismatchError(ValueError):
+    """The entry was encoded by another model than the reader expects."""
+
+    def __init__(self, key: str, found: str, expected: str) -> None:
+        super().__init__(
+            f"KV entry {key} belongs to model {found!r}, not {expected!r}; refusing to use it"
+        )
+        self.key, self.found, self.expected = key, found, expected
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,136 +64,413 @@ class EntryHeader:
     token_ids: tuple[int, ...]
     fingerprint: str
     shape: tuple[int, int, int, int]  # [layers, tokens, kv_heads, head_dim]
+    nbytes: int = 0  # K + V payload bytes
+
+
+@dataclass(frozen=True, slots=True)
+class TierStats:
+    entries: int
+    bytes: int  # device: reserved regions; host: tensor bytes; disk: file sizes
+    budget: int | None  # None: unbounded (disk)
+    hits: int  # get() calls served by this tier
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    tiers: dict[str, TierStats]  # "device" (when present), "host", "disk"; fastest first
+    misses: int  # get() calls for an entry that does not exist
+    tokens: int  # tokens of all entries on disk
+    bytes_per_token: float  # K+V bytes one token takes (layers * 2 * kv_heads * head_dim * dtype)
+    mean_bytes_per_fact: float  # mean K+V bytes of an entry
+
+
+@dataclass(slots=True)
+class PrefetchReport:
+    tier: str  # the fastest tier, where the entries were moved
+    moved: dict[str, int] = field(default_factory=dict)  # bytes copied in, by source tier
+    already: int = 0  # entries that were in the fastest tier already
+    missing: list[str] = field(default_factory=list)  # no such entry
+    skipped: list[str] = field(default_factory=list)  # could not fit the fastest tier
 
 
 class KVStore:
-    """Entries in ``root/<key>.safetensors``, with small in-memory caches."""
+    """Entries in ``root/<key>.safetensors``, cached in host RAM and an optional device pool.
 
-    def __init__(self, root: Path | str, cache_bytes: int = 1 << 30) -> None:
+    Args:
+        root: folder of the entry files (created if needed).
+        host_bytes: byte budget of the host-RAM tier.
+        gpu_bytes: size of the device pool; 0 means no device tier.
+        device: where the pool lives. None picks ``"cuda"`` when CUDA is available and leaves the
+            tier out otherwise; tests pass ``"cpu"`` to run the device tier's logic on CPU.
+        fingerprint: model fingerprint every read is checked against (and every write).
+        pin_host: pin host-tier tensors; None pins when CUDA is available.
+    """
+
+    def __init__(
+        self,
+        root: Path | str,
+        host_bytes: int = 1 << 30,
+        *,
+        gpu_bytes: int = 0,
+        device: torch.device | str | None = None,
+        fingerprint: str | None = None,
+        pin_host: bool | None = None,
+    ) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.cache_bytes = cache_bytes
+        self.fingerprint = fingerprint
+        pin = torch.cuda.is_available() if pin_host is None else pin_host
+        self.host_tier = HostTier(host_bytes, pin)
+        self.device_tier = _device_tier(gpu_bytes, device)
         self._headers: dict[str, EntryHeader] = {}
-        self._tensors: OrderedDict[str, FactKV] = OrderedDict()
-        self._cached_bytes = 0
+        self._versions: dict[str, int] = {}  # bumped by every put/delete of the key
+        self._clock = itertools.count(1)
+        self._hits: Counter[str] = Counter()
+        self._misses = 0
         self._lock = threading.Lock()
+        _sweep_temp_files(self.root)
 
     def path(self, key: str) -> Path:
-        if not key or "/" in key or key.startswith("."):
+        if not key or "/" in key or "\\" in key or key.startswith("."):
             raise ValueError(f"invalid entry key {key!r}")
         return self.root / f"{key}.safetensors"
 
+    # ---- writes ----
     def put(self, entry: FactKV) -> Path:
-        """Write an entry durably; replaces an entry with the same key."""
+        """Write an entry durably and keep it in host RAM; replaces an entry with the same key."""
         target = self.path(entry.key)
-        tensors = {"k": entry.k.contiguous(), "v": entry.v.contiguous()}
-        metadata = {
-            "format": FORMAT,
-            "fingerprint": entry.fingerprint,
-            "token_ids": json.dumps(list(entry.token_ids)),
-        }
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix=".safetensors")
-        os.close(fd)
-        try:
-            save_file(tensors, tmp, metadata=metadata)
-            with open(tmp, "rb") as fh:
-                os.fsync(fh.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        if self.fingerprint is not None and entry.fingerprint != self.fingerprint:
+            raise FingerprintMismatchError(entry.key, entry.fingerprint, self.fingerprint)
+        header = EntryHeader(
+            entry.key, tuple(entry.token_ids), entry.fingerprint, tuple(entry.k.shape), entry.nbytes
+        )
         with self._lock:
-            self._headers[entry.key] = EntryHeader(
-                entry.key, tuple(entry.token_ids), entry.fingerprint, tuple(entry.k.shape)
-            )
-            self._remember(entry)  # write-through: the injection right after needs it
+            version = self._invalidate(entry.key)
+        _write_atomic(target, entry, self.root)
+        hosted = to_host(entry, self.host_tier.pin)  # write-through: the injection right after
+        with self._lock:
+            if self._versions.get(entry.key) == version:  # no put/delete of it since
+                self._headers[entry.key] = header
+                self.host_tier.put(hosted)
         return target
 
-    def has(self, key: str) -> bool:
-        return key in self._headers or self.path(key).exists()
-
-    def header(self, key: str) -> EntryHeader:
-        cached = self._headers.get(key)
-        if cached is not None:
-            return cached
-        path = self.path(key)
-        if not path.exists():
-            raise EntryMissingError(key)
-        with safe_open(str(path), framework="pt") as fh:
-            meta = fh.metadata() or {}
-            shape = tuple(fh.get_slice("k").get_shape())
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"{path} is not an {FORMAT} entry")
-        header = EntryHeader(
-            key,
-            tuple(json.loads(meta["token_ids"])),
-            meta["fingerprint"],
-            shape,  # type: ignore[arg-type]
-        )
-        self._headers[key] = header
-        return header
-
-    def get(self, key: str) -> FactKV:
-        with self._lock:
-            entry = self._tensors.get(key)
-            if entry is not None:
-                self._tensors.move_to_end(key)
-                return entry
-        header = self.header(key)
-        with safe_open(str(self.path(key)), framework="pt") as fh:
-            k = fh.get_tensor("k")  # [layers, tokens, kv_heads, head_dim]
-            v = fh.get_tensor("v")  # [layers, tokens, kv_heads, head_dim]
-        entry = FactKV(key, list(header.token_ids), k, v, header.fingerprint)
-        with self._lock:
-            self._remember(entry)
-        return entry
-
     def delete(self, key: str) -> bool:
-        """Remove an entry; True if a file was removed."""
+        """Forget an entry: every tier at once, then the file. True if a file was removed."""
+        path = self.path(key)
         with self._lock:
-            self._drop_cached(key)
-            self._headers.pop(key, None)
+            self._invalidate(key)
         try:
-            self.path(key).unlink()
-            return True
+            path.unlink()
         except FileNotFoundError:
             return False
+        _fsync_dir(self.root)  # a forgotten entry must not come back after a crash
+        return True
+
+    # ---- reads ----
+    def has(self, key: str) -> bool:
+        return self.path(key).exists()
 
     def keys(self) -> list[str]:
         return sorted(p.stem for p in self.root.glob("*.safetensors") if not p.name.startswith("."))
 
-    def _remember(self, entry: FactKV) -> None:
-        self._drop_cached(entry.key)
-        if entry.nbytes > self.cache_bytes:
-            return
-        self._tensors[entry.key] = entry
-        self._cached_bytes += entry.nbytes
-        while self._cached_bytes > self.cache_bytes:
-            _, old = self._tensors.popitem(last=False)
-            self._cached_bytes -= old.nbytes
+    def header(self, key: str) -> EntryHeader:
+        """The entry's header; a cached one is checked against the file (another process may
+        have deleted it), so the scheduler refuses forgotten entries."""
+        path = self.path(key)
+        with self._lock:
+            cached = self._headers.get(key)
+            version = self._versions.get(key, 0)
+        if cached is not None:
+            if path.exists():
+                return cached
+            with self._lock:
+                if self._versions.get(key, 0) == version:
+                    self._invalidate(key)
+            raise EntryMissingError(key)
+        header = _read_header(key, path)
+        with self._lock:
+            if self._versions.get(key, 0) == version:
+                self._headers[key] = header
+        return header
 
-    def _drop_cached(self, key: str) -> None:
-        old = self._tensors.pop(key, None)
-        if old is not None:
-            self._cached_bytes -= old.nbytes
+    def get(self, key: str, fingerprint: str | None = None) -> FactKV:
+        """The entry from the fastest tier holding it (which marks it recently used).
+
+        An entry read from disk is kept in host RAM; only :meth:`prefetch` moves entries to the
+        device pool (so entries returned by a series of ``get`` never evict one another).
+        Raises :class:`FingerprintMismatchError` if the entry belongs to another model than
+        ``fingerprint`` (default: the store's own fingerprint, if it has one).
+        """
+        expected = fingerprint or self.fingerprint
+        self.path(key)
+        with self._lock:
+            entry, tier = self._lookup(key)
+            if entry is not None:
+                self._hits[tier] += 1
+            version = self._versions.get(key, 0)
+        if entry is None:
+            try:
+                entry = to_host(self._read(key), self.host_tier.pin)
+            except EntryMissingError:
+                with self._lock:
+                    self._misses += 1
+                raise
+            with self._lock:
+                self._hits["disk"] += 1
+                if self._versions.get(key, 0) == version:
+                    self.host_tier.put(entry)
+        if expected is not None and entry.fingerprint != expected:
+            raise FingerprintMismatchError(key, entry.fingerprint, expected)
+        return entry
+
+    def prefetch(self, keys: Iterable[str]) -> PrefetchReport:
+        """Move ``keys`` to the fastest tier before an injection; missing keys are reported.
+
+        On CUDA the copies run on a side stream; a later ``get`` on the current stream waits
+        for them. Entries of this call are never evicted by one another: if they do not all
+        fit, the rest stay in (and are served from) a slower tier.
+        """
+        wanted = list(dict.fromkeys(keys))
+        for key in wanted:
+            self.path(key)
+        device = self.device_tier
+        report = PrefetchReport("device" if device is not None else "host")
+        with self._lock:
+            versions = {key: self._versions.get(key, 0) for key in wanted}
+            from_disk = [
+                k for k in wanted if k not in self.host_tier and (device is None or k not in device)
+            ]
+        loaded: dict[str, FactKV] = {}
+        for key in from_disk:  # file reads, outside the lock
+            try:
+                loaded[key] = to_host(self._read(key), self.host_tier.pin)
+            except EntryMissingError:
+                report.missing.append(key)
+        with self._lock:
+            for key, entry in loaded.items():
+                if self._versions.get(key, 0) == versions[key]:
+                    self.host_tier.put(entry)
+            if device is None:
+                if loaded:
+                    report.moved["disk"] = sum(e.nbytes for e in loaded.values())
+                report.already = len(wanted) - len(from_disk)
+                for key in wanted:
+                    self.host_tier.get(key)  # most recently used, in request order
+                return report
+            keep = {key for key in wanted if key in device}
+            for key in wanted:
+                if key in device:
+                    device.touch(key)
+                    report.already += 1
+                    continue
+                hosted = self.host_tier.get(key)  # also marks it recently used there
+                source, entry = ("disk", loaded[key]) if key in loaded else ("host", hosted)
+                if entry is None or self._versions.get(key, 0) != versions[key]:
+                    continue  # missing, or deleted/replaced meanwhile
+                if device.place(entry, keep, self._demote):
+                    keep.add(key)
+                    report.moved[source] = report.moved.get(source, 0) + entry.nbytes
+                else:
+                    report.skipped.append(key)
+        return report
+
+    def where(self, key: str) -> list[str]:
+        """The tiers holding ``key``, fastest first (for tests and diagnostics)."""
+        with self._lock:
+            tiers = [
+                name
+                for name, tier in (("device", self.device_tier), ("host", self.host_tier))
+                if tier is not None and key in tier
+            ]
+        return [*tiers, "disk"] if self.has(key) else tiers
+
+    def stats(self) -> StoreStats:
+        """Bytes and entries per tier, hits per tier, bytes per token and per fact."""
+        file_bytes, payload, tokens, entries = 0, 0, 0, 0
+        for key in self.keys():
+            try:
+                header = self.header(key)
+                file_bytes += self.path(key).stat().st_size
+            except (EntryMissingError, FileNotFoundError):
+                continue  # deleted meanwhile
+            entries += 1
+            payload += header.nbytes
+            tokens += len(header.token_ids)
+        tiers: dict[str, TierStats] = {}
+        with self._lock:
+            dev = self.device_tier
+            if dev is not None:
+                tiers["device"] = TierStats(len(dev), dev.used, dev.budget, self._hits["device"])
+            host = self.host_tier
+            tiers["host"] = TierStats(len(host), host.used, host.budget, self._hits["host"])
+            tiers["disk"] = TierStats(entries, file_bytes, None, self._hits["disk"])
+            misses = self._misses
+        return StoreStats(
+            tiers,
+            misses,
+            tokens,
+            payload / tokens if tokens else 0.0,
+            payload / entries if entries else 0.0,
+        )
+
+    # ---- helpers (the ones ending in _locked / called under the lock say so) ----
+    def _lookup(self, key: str) -> tuple[FactKV | None, str]:
+        """Under the lock: the entry from the fastest memory tier holding it."""
+        if self.device_tier is not None:
+            entry = self.device_tier.get(key)
+            if entry is not None:
+                return entry, "device"
+        return self.host_tier.get(key), "host"
+
+    def _invalidate(self, key: str) -> int:
+        """Under the lock: drop ``key`` from every memory tier; returns its new version."""
+        version = self._versions[key] = next(self._clock)
+        self._headers.pop(key, None)
+        self.host_tier.pop(key)
+        if self.device_tier is not None:
+            self.device_tier.remove(key)
+        return version
+
+    def _demote(self, key: str, views: FactKV) -> None:
+        """Under the lock: an entry leaving the device pool goes to host RAM (copied out)."""
+        if key not in self.host_tier:
+            self.host_tier.put(to_host(views, self.host_tier.pin, copy=True))
+
+    def _read(self, key: str) -> FactKV:
+        header = self.header(key)
+        try:
+            with safe_open(str(self.path(key)), framework="pt") as fh:
+                k = fh.get_tensor("k")  # [layers, tokens, kv_heads, head_dim]
+                v = fh.get_tensor("v")  # [layers, tokens, kv_heads, head_dim]
+        except FileNotFoundError:
+            raise EntryMissingError(key) from None
+        return FactKV(key, list(header.token_ids), k, v, header.fingerprint)
+
+    def _configure(
+        self, gpu_bytes: int, device: torch.device | str | None, fingerprint: str | None
+    ) -> None:
+        """Add settings a later :func:`open_shared` caller asks for to an existing store."""
+        with self._lock:
+            if fingerprint is not None:
+                if self.fingerprint is None:
+                    self.fingerprint = fingerprint
+                elif self.fingerprint != fingerprint:
+                    raise ValueError(
+                        f"store {self.root} is for model {self.fingerprint!r}, not {fingerprint!r}"
+                    )
+            if self.device_tier is None:
+                self.device_tier = _device_tier(gpu_bytes, device)
+            elif gpu_bytes and gpu_bytes != self.device_tier.budget:
+                log.warning(
+                    "store %s keeps its %d-byte device pool (asked for %d)",
+                    self.root,
+                    self.device_tier.budget,
+                    gpu_bytes,
+                )
+
+
+def _device_tier(gpu_bytes: int, device: torch.device | str | None) -> DeviceTier | None:
+    if gpu_bytes <= 0:
+        return None
+    if device is None:
+        if not torch.cuda.is_available():
+            return None  # on CPU the device tier is simply absent
+        device = "cuda"
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for the KV pool, but CUDA is not available")
+    return DeviceTier(gpu_bytes, device)
+
+
+def _write_atomic(target: Path, entry: FactKV, root: Path) -> None:
+    tensors = {"k": entry.k.contiguous(), "v": entry.v.contiguous()}
+    metadata = {
+        "format": FORMAT,
+        "fingerprint": entry.fingerprint,
+        "token_ids": json.dumps(list(entry.token_ids)),
+    }
+    fd, tmp = tempfile.mkstemp(dir=root, prefix=_TEMP_PREFIX, suffix=".safetensors")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=metadata)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read_header(key: str, path: Path) -> EntryHeader:
+    """Parse the safetensors header (8-byte length, then JSON) without touching the tensors."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(8)
+            size = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
+            if not 0 < size <= 1 << 26:
+                raise ValueError(f"{path} has a {size}-byte header: not an entry")
+            info = json.loads(fh.read(size))
+    except FileNotFoundError:
+        raise EntryMissingError(key) from None
+    meta = info.pop("__metadata__", None) or {}
+    if meta.get("format") != FORMAT or set(info) != {"k", "v"}:
+        raise ValueError(f"{path} is not an {FORMAT} entry")
+    nbytes = sum(end - start for start, end in (t["data_offsets"] for t in info.values()))
+    return EntryHeader(
+        key,
+        tuple(json.loads(meta["token_ids"])),
+        meta["fingerprint"],
+        tuple(info["k"]["shape"]),  # type: ignore[arg-type]
+        nbytes,
+    )
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):  # not possible on every platform
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _sweep_temp_files(root: Path) -> None:
+    """Remove temporary files a crashed writer left behind (old enough to be nobody's)."""
+    cutoff = time.time() - _STALE_TEMP_S
+    for tmp in root.glob(f"{_TEMP_PREFIX}*.safetensors"):
+        with contextlib.suppress(OSError):
+            if tmp.stat().st_mtime < cutoff:
+                tmp.unlink()
 
 
 _SHARED: dict[Path, KVStore] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def open_shared(root: Path | str, cache_bytes: int = 1 << 30) -> KVStore:
+def open_shared(
+    root: Path | str,
+    host_bytes: int = 1 << 30,
+    *,
+    gpu_bytes: int = 0,
+    device: torch.device | str | None = None,
+    fingerprint: str | None = None,
+) -> KVStore:
     """The process's one :class:`KVStore` for ``root`` (created on first use).
 
     When the encoder and vLLM's connector live in one process (the desktop app), they share
-    memory caches through this, so a fact encoded a moment ago is injected without a disk read.
-    In separate processes each opens its own; the files are the contract.
+    memory tiers through this, so a fact encoded a moment ago is injected without a disk read.
+    A later caller's device pool and fingerprint are added to a store opened without them; the
+    first caller's host budget stays. In separate processes each opens its own; the files are
+    the contract.
     """
     key = Path(root).resolve()
     with _SHARED_LOCK:
         store = _SHARED.get(key)
         if store is None:
-            store = _SHARED[key] = KVStore(key, cache_bytes=cache_bytes)
+            store = _SHARED[key] = KVStore(
+                key, host_bytes, gpu_bytes=gpu_bytes, device=device, fingerprint=fingerprint
+            )
+        else:
+            store._configure(gpu_bytes, device, fingerprint)
         return store
 
 

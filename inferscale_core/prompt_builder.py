@@ -27,8 +27,11 @@ class MemoryFact:
 
 
 class PromptBuilder:
-    def __init__(self, layout: ChatLayout, encoder: HFReferenceEncoder, store: KVStore) -> None:
+    def __init__(
+        self, layout: ChatLayout, encoder: HFReferenceEncoder, store: KVStore, batch_size: int = 16
+    ) -> None:
         self.layout = layout
+        self.batch_size = batch_size
         self.encoder = encoder
         self.store = store
         self.fingerprint = encoder.fingerprint
@@ -51,14 +54,30 @@ class PromptBuilder:
             ids.extend(self.layout.fact_ids(fact_line(turn)))
         return ids
 
-    def fact_entry(self, fact: MemoryFact) -> tuple[str, list[int]]:
+    def fact_entry(self, fact: MemoryFact, namespace: str = "") -> tuple[str, list[int]]:
         """The fact's entry key and token ids, encoding it after its context if it is new."""
-        ids = self.layout.fact_ids(fact_line(fact.text, fact.when))
-        context = self.context_ids(fact.context)
-        key = entry_key("fact", self.fingerprint, ENCODER_VERSION, tuple(context), tuple(ids))
-        if not self.store.has(key):
-            self.store.put(self.encoder.encode(key, context, ids))
-        return key, ids
+        return self.encode_many([fact], namespace)[0]
+
+    def encode_many(
+        self, facts: Sequence[MemoryFact], namespace: str | Sequence[str] = ""
+    ) -> list[tuple[str, list[int]]]:
+        """Keys and token ids of ``facts``; the ones not in the store are encoded in one batch.
+
+        ``namespace`` (one for all, or one per fact) goes into the key, so that two profiles'
+        identical facts never share a file that forgetting one of them would delete.
+        """
+        spaces = [namespace] * len(facts) if isinstance(namespace, str) else list(namespace)
+        planned = []
+        for fact, space in zip(facts, spaces, strict=True):
+            ids = self.layout.fact_ids(fact_line(fact.text, fact.when))
+            context = self.context_ids(fact.context)
+            material = (ENCODER_VERSION, space, tuple(context), tuple(ids))
+            planned.append((entry_key("fact", self.fingerprint, *material), context, ids))
+        missing = [item for item in planned if not self.store.has(item[0])]
+        for start in range(0, len(missing), self.batch_size):
+            for entry in self.encoder.encode_batch(missing[start : start + self.batch_size]):
+                self.store.put(entry)
+        return [(key, ids) for key, _, ids in planned]
 
     def build(
         self,
@@ -68,9 +87,28 @@ class PromptBuilder:
         w: int = 0,
     ) -> ComposedPrompt:
         """A request with ``facts`` in prompt order (best hit last, nearest the question)."""
-        prefix = self.ensure_prefix()
-        entries = [self.fact_entry(fact) for fact in facts]
-        return self.layout.compose(prefix, entries, question, history, self.cache_salt(w))
+        entries = self.encode_many(facts)
+        return self.compose(entries, question, history, w)
+
+    def compose(
+        self,
+        entries: Sequence[tuple[str, Sequence[int]]],
+        question: str,
+        history: Sequence[tuple[str, str]] = (),
+        w: int = 0,
+        pending_lines: Sequence[str] = (),
+    ) -> ComposedPrompt:
+        """A request over already-stored entries; ``pending_lines`` (facts whose KV is not
+        ready yet) follow the span as plain text and are prefilled like the question."""
+        composed = self.layout.compose(
+            self.ensure_prefix(), entries, question, history, self.cache_salt(w)
+        )
+        if not pending_lines:
+            return composed
+        extra = [t for line in pending_lines for t in self.layout.fact_ids(line)]
+        end = composed.span_end
+        ids = composed.prompt_ids[:end] + extra + composed.prompt_ids[end:]
+        return ComposedPrompt(ids, composed.entries, composed.fact_keys, composed.cache_salt)
 
     def prompt_injection_ids(
         self, facts: Sequence[MemoryFact], question: str, history: Sequence[tuple[str, str]] = ()

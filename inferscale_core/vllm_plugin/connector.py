@@ -52,7 +52,12 @@ class InferScaleConnector(KVConnectorBase_V1):
             raise ValueError(
                 f"InferScaleConnector needs kv_connector_extra_config {sorted(missing)}"
             )
-        store = open_shared(extra["store_path"], cache_bytes=int(extra.get("cache_bytes", 1 << 30)))
+        store = open_shared(
+            extra["store_path"],
+            host_bytes=int(extra.get("host_bytes", extra.get("cache_bytes", 1 << 30))),
+            gpu_bytes=int(extra.get("gpu_bytes", 0)),  # device pool; absent without CUDA
+            fingerprint=str(extra["fingerprint"]),
+        )
         self._scheduler: InjectionScheduler | None = None
         self._worker: InjectionWorker | None = None
         if role == KVConnectorRole.SCHEDULER:

@@ -173,6 +173,24 @@ class VllmEngine:
                 self._engine.abort_request([request_id])
                 raise
 
+    def generate_json(
+        self, prompt_ids: Sequence[int], schema: dict[str, Any], max_tokens: int = 256
+    ) -> str:
+        """Greedy generation constrained to a JSON schema (vLLM structured outputs)."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
+
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=0.0,
+            structured_outputs=StructuredOutputsParams(json=schema),
+        )
+        with self._lock:
+            (output,) = self.llm.generate(
+                [{"prompt_token_ids": list(prompt_ids)}], params, use_tqdm=False
+            )
+        return output.outputs[0].text
+
     def warm_up(self) -> float:
         """Run one short request so the first real one does not pay one-time set-up costs."""
         t0 = time.perf_counter()

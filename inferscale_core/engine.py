@@ -1,0 +1,35 @@
+"""What the core needs from an inference engine (vLLM implements it in ``vllm_plugin``).
+
+The chat loop and the benchmarks only see this protocol, so they never import vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+from inferscale_core.composer import ComposedPrompt
+from inferscale_core.types import GenerationResult
+
+
+class Engine(Protocol):
+    fingerprint: str  # model fingerprint; stored KV must carry the same
+
+    @property
+    def block_size(self) -> int: ...
+
+    def stream(
+        self, prompt: ComposedPrompt | Sequence[int], **kwargs: Any
+    ) -> Iterator[tuple[str, GenerationResult]]:
+        """Yield ``(text delta, running result)``; the last result is final."""
+        ...
+
+    def generate(
+        self, prompt: ComposedPrompt | Sequence[int], **kwargs: Any
+    ) -> GenerationResult: ...
+
+    def generate_json(
+        self, prompt_ids: Sequence[int], schema: dict[str, Any], max_tokens: int = 256
+    ) -> str:
+        """Generate text constrained to ``schema`` (structured output); returns the raw text."""
+        ...

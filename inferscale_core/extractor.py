@@ -1,0 +1,219 @@
+"""Turns conversation turns into memory facts: add / update / delete operations.
+
+Two extractors share one output type:
+
+* :class:`DeterministicExtractor` — each substantive turn becomes a dated fact, stripped of
+  filler, with relative dates ("yesterday", "3 days ago") resolved against the turn's
+  timestamp. The default for the embedded 135M model, and the fallback whenever structured
+  output fails validation.
+* :class:`LLMExtractor` — asks the engine for JSON-schema-constrained operations against the
+  most similar existing facts (vLLM structured outputs), validates them, and falls back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from typing import Any, Protocol
+
+from inferscale_core.types import Fact, Turn
+
+log = logging.getLogger(__name__)
+
+NOT_FACT_SPEAKERS = frozenset({"assistant", "system", "tool"})
+MIN_WORDS = 4
+MAX_FACT_CHARS = 400
+
+_FILLER_START = re.compile(
+    r"^(?:(?:um+|uh+|erm|hmm+|well|so|oh|ah|ok(?:ay)?|yeah|yep|yes|no|lol|haha+|hey|hi|hello|"
+    r"thanks|thank you|btw|anyway|actually|like)\b[\s,.!:;-]*)+",
+    re.IGNORECASE,
+)
+_FILLER_END = re.compile(r"(?:[\s,]*(?:lol|haha+|hehe|:\)|:D|xD))+[\s.!]*$", re.IGNORECASE)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+_DAYS_AGO = re.compile(r"\b(\d{1,3}|a|one|two|three|four|five|six|seven)\s+days?\s+ago\b", re.I)
+_WEEKS_AGO = re.compile(r"\b(\d{1,2}|a|one|two|three)\s+weeks?\s+ago\b", re.I)
+_NUMBER_WORDS = {"a": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7}
+
+
+@dataclass(frozen=True, slots=True)
+class FactOp:
+    """One change to the memory: add a fact, update or delete an existing one."""
+
+    op: str  # "add" | "update" | "delete"
+    text: str
+    refers_to: date | None = None
+    target_id: int | None = None  # the existing fact an update/delete applies to
+
+
+class Extractor(Protocol):
+    name: str
+
+    def extract(self, turn: Turn, similar: Sequence[Fact] = ()) -> list[FactOp]: ...
+
+
+def _count(word: str) -> int:
+    return int(word) if word.isdigit() else _NUMBER_WORDS[word.lower()]
+
+
+def resolve_date(text: str, when: datetime | None) -> date | None:
+    """The day ``text`` refers to, relative to when it was said (the turn's own day if none)."""
+    if when is None:
+        return None
+    day = when.date()
+    lowered = text.lower()
+    if match := _DAYS_AGO.search(text):
+        return day - timedelta(days=_count(match.group(1)))
+    if match := _WEEKS_AGO.search(text):
+        return day - timedelta(weeks=_count(match.group(1)))
+    if "yesterday" in lowered or "last night" in lowered:
+        return day - timedelta(days=1)
+    if "tomorrow" in lowered:
+        return day + timedelta(days=1)
+    if "last week" in lowered:
+        return day - timedelta(weeks=1)
+    if "next week" in lowered:
+        return day + timedelta(weeks=1)
+    if "last month" in lowered:
+        return (day.replace(day=1) - timedelta(days=1)).replace(day=1)
+    if "last year" in lowered:
+        return day.replace(year=day.year - 1, month=1, day=1)
+    return day
+
+
+def strip_filler(text: str) -> str:
+    """Drop leading interjections and trailing laughter; collapse whitespace."""
+    text = " ".join(text.split())
+    text = _FILLER_START.sub("", text)
+    text = _FILLER_END.sub("", text).strip(" ,;-")
+    return text[:1].upper() + text[1:] if text else text
+
+
+def _chunks(text: str, limit: int) -> list[str]:
+    """Split a long text at sentence ends into pieces of at most ``limit`` characters."""
+    if len(text) <= limit:
+        return [text]
+    pieces, current = [], ""
+    for sentence in _SENTENCE_END.split(text):
+        if current and len(current) + 1 + len(sentence) > limit:
+            pieces.append(current)
+            current = sentence
+        else:
+            current = f"{current} {sentence}".strip()
+    if current:
+        pieces.append(current)
+    return [p[:limit] for p in pieces]
+
+
+class DeterministicExtractor:
+    """Each substantive turn of a person (not the assistant) becomes one or more dated facts."""
+
+    name = "deterministic"
+
+    def extract(self, turn: Turn, similar: Sequence[Fact] = ()) -> list[FactOp]:
+        if turn.speaker.lower() in NOT_FACT_SPEAKERS:
+            return []
+        text = strip_filler(turn.text)
+        if len(re.findall(r"[A-Za-z\u00C0-\uFFFF]+", text)) < MIN_WORDS:
+            return []
+        if text.endswith("?") and not re.search(r"\b(I|I'm|I've|my|we|our)\b", text):
+            return []  # a plain question says nothing about the speaker
+        who = "" if turn.speaker.lower() == "user" else f"{turn.speaker}: "
+        when = resolve_date(text, turn.timestamp)
+        return [FactOp("add", who + chunk, when) for chunk in _chunks(text, MAX_FACT_CHARS)]
+
+
+FACT_OPS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "operations": {
+            "type": "array",
+            "maxItems": 5,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "op": {"enum": ["add", "update", "delete"]},
+                    "text": {"type": "string", "minLength": 3, "maxLength": MAX_FACT_CHARS},
+                    "date": {"type": ["string", "null"]},
+                    "target_id": {"type": ["integer", "null"]},
+                },
+                "required": ["op", "text"],
+                "additionalProperties": False,
+            },
+        }
+    },
+    "required": ["operations"],
+    "additionalProperties": False,
+}
+
+_INSTRUCTIONS = (
+    "Extract durable facts about the user from their message, as JSON operations. "
+    "Use 'add' for new facts, 'update' (with target_id) when the message changes a known fact, "
+    "'delete' (with target_id) when it says a known fact is no longer true. Dates are ISO "
+    "(YYYY-MM-DD), resolved against the message date. Return no operations for small talk."
+)
+
+
+class InvalidOperations(ValueError):
+    """Structured output that parsed but does not make sense against the known facts."""
+
+
+def parse_operations(raw: str, similar: Sequence[Fact]) -> list[FactOp]:
+    """Validate the engine's JSON against the schema and the known facts' ids."""
+    import jsonschema
+
+    data = json.loads(raw)
+    jsonschema.validate(data, FACT_OPS_SCHEMA)
+    known = {fact.id for fact in similar}
+    ops = []
+    for item in data["operations"]:
+        target = item.get("target_id")
+        if item["op"] in ("update", "delete") and target not in known:
+            raise InvalidOperations(f"{item['op']} targets unknown fact {target}")
+        when = date.fromisoformat(item["date"]) if item.get("date") else None
+        ops.append(FactOp(item["op"], " ".join(item["text"].split()), when, target))
+    return ops
+
+
+class LLMExtractor:
+    """Structured-output extraction with the engine; the deterministic one as fallback."""
+
+    name = "llm"
+
+    def __init__(self, engine: Any, tokenizer: Any, fallback: Extractor | None = None) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.fallback = fallback or DeterministicExtractor()
+        self.fallbacks = 0  # how often the structured output failed validation
+
+    def _prompt_ids(self, turn: Turn, similar: Sequence[Fact]) -> list[int]:
+        said = turn.timestamp.date().isoformat() if turn.timestamp else "unknown"
+        known = "\n".join(f"[{f.id}] {f.text}" for f in similar) or "(none)"
+        messages = [
+            {"role": "system", "content": _INSTRUCTIONS},
+            {
+                "role": "user",
+                "content": f"Known facts:\n{known}\n\nMessage ({said}, from {turn.speaker}):\n"
+                f"{turn.text}",
+            },
+        ]
+        rendered = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        return self.tokenizer.encode(rendered, add_special_tokens=False)
+
+    def extract(self, turn: Turn, similar: Sequence[Fact] = ()) -> list[FactOp]:
+        if turn.speaker.lower() in NOT_FACT_SPEAKERS:
+            return []
+        raw = ""
+        try:
+            raw = self.engine.generate_json(self._prompt_ids(turn, similar), FACT_OPS_SCHEMA)
+            return parse_operations(raw, similar)
+        except Exception as exc:  # noqa: BLE001 - any bad output means: fall back
+            self.fallbacks += 1
+            log.info("structured extraction failed (%s: %.120s); falling back", exc, raw)
+            return self.fallback.extract(turn, similar)

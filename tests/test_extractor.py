@@ -1,0 +1,107 @@
+"""Fact extraction: the deterministic extractor and the validation of structured output."""
+
+from __future__ import annotations
+
+import json
+from datetime import date, datetime
+
+import pytest
+
+from inferscale_core.extractor import (
+    DeterministicExtractor,
+    FactOp,
+    InvalidOperations,
+    LLMExtractor,
+    parse_operations,
+    resolve_date,
+    strip_filler,
+)
+from inferscale_core.types import Fact, Turn
+
+MAY8 = datetime(2023, 5, 8, 13, 56)
+
+
+def _fact(fid: int, text: str) -> Fact:
+    return Fact(fid, 1, text, None, [], "active", None, MAY8)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("I adopted a cat.", date(2023, 5, 8)),
+        ("Yesterday I went to a support group.", date(2023, 5, 7)),
+        ("I'll fly to Lisbon tomorrow", date(2023, 5, 9)),
+        ("We moved 3 days ago", date(2023, 5, 5)),
+        ("two weeks ago I started the cello", date(2023, 4, 24)),
+        ("Last month I ran a half marathon", date(2023, 4, 1)),
+        ("last year we went to Japan", date(2022, 1, 1)),
+    ],
+)
+def test_relative_dates_resolve_against_the_turn(text, expected):
+    assert resolve_date(text, MAY8) == expected
+
+
+def test_filler_is_stripped():
+    assert strip_filler("Um, well, so I   finally bought a bike lol") == "I finally bought a bike"
+    assert strip_filler("haha ok") == ""
+
+
+def test_substantive_user_turn_becomes_a_dated_fact():
+    ops = DeterministicExtractor().extract(Turn("user", "Oh, yesterday I adopted a cat!", MAY8))
+    assert ops == [FactOp("add", "Yesterday I adopted a cat!", date(2023, 5, 7))]
+
+
+def test_named_speaker_is_kept_and_assistant_ignored():
+    extractor = DeterministicExtractor()
+    ops = extractor.extract(Turn("Caroline", "I went to an LGBTQ support group today.", MAY8))
+    assert ops[0].text == "Caroline: I went to an LGBTQ support group today."
+    assert extractor.extract(Turn("assistant", "That sounds like a lovely day out!", MAY8)) == []
+
+
+@pytest.mark.parametrize("text", ["ok thanks", "lol", "What time is it in Tokyo?", "hi there"])
+def test_small_talk_and_plain_questions_are_not_facts(text):
+    assert DeterministicExtractor().extract(Turn("user", text, MAY8)) == []
+
+
+def test_long_turns_are_split_at_sentences():
+    text = " ".join(f"Sentence number {i} is about my garden and the tomatoes." for i in range(20))
+    ops = DeterministicExtractor().extract(Turn("user", text, MAY8))
+    assert len(ops) > 1
+    assert all(len(op.text) <= 400 for op in ops)
+
+
+def test_parse_operations_validates_schema_and_targets():
+    similar = [_fact(7, "I live in Porto.")]
+    raw = json.dumps({"operations": [
+        {"op": "update", "text": "I live in Lisbon.", "date": "2023-05-08", "target_id": 7},
+        {"op": "add", "text": "I have a cat named Miso.", "date": None, "target_id": None},
+    ]})
+    assert parse_operations(raw, similar) == [
+        FactOp("update", "I live in Lisbon.", date(2023, 5, 8), 7),
+        FactOp("add", "I have a cat named Miso.", None, None),
+    ]
+    bad_target = json.dumps({"operations": [{"op": "delete", "text": "xyz", "target_id": 99}]})
+    with pytest.raises(InvalidOperations):
+        parse_operations(bad_target, similar)
+    with pytest.raises(Exception):
+        parse_operations('{"operations": [{"op": "shout", "text": "x"}]}', similar)
+
+
+class _BrokenEngine:
+    def generate_json(self, prompt_ids, schema, max_tokens=256):
+        return '{"operations": [{"op": "add"'  # truncated: fails validation
+
+
+class _Tokenizer:
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+        return "".join(m["content"] for m in messages)
+
+    def encode(self, text, add_special_tokens=False):
+        return [1, 2, 3]
+
+
+def test_llm_extractor_falls_back_on_invalid_output():
+    extractor = LLMExtractor(_BrokenEngine(), _Tokenizer())
+    ops = extractor.extract(Turn("user", "I started learning the cello this week.", MAY8))
+    assert ops and ops[0].op == "add"
+    assert extractor.fallbacks == 1
