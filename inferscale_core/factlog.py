@@ -13,10 +13,11 @@ Decisions:
   source's ``datetime.isoformat()`` verbatim: an aware time keeps its original offset (the
   user's local day matters for dates facts refer to), a naive one stays naive (zone unknown).
   Turns are ordered by ``idx``, never by timestamp. ``facts.refers_to`` is ``YYYY-MM-DD``.
-* Forgetting: a forgotten fact's ``text`` becomes "" and its ``kv_entries`` rows are deleted in
-  the same transaction (the caller deletes the tensors at the returned locations). It is never
-  returned by :meth:`FactLog.active_facts` or :meth:`FactLog.facts_without_kv`, and
-  :meth:`FactLog.record_kv` refuses it. Trade-off: the text survives in the audit trail
+* Forgetting: a forgotten fact's ``text`` becomes "" and its ``kv_entries`` and
+  ``fact_embeddings`` rows are deleted in the same transaction (the caller deletes the tensors
+  at the returned locations). It is never returned by :meth:`FactLog.active_facts`,
+  :meth:`FactLog.facts_without_kv` or :meth:`FactLog.embeddings`, and :meth:`FactLog.record_kv`
+  and :meth:`FactLog.store_embedding` refuse it. Trade-off: the text survives in the audit trail
   (``old_text`` of the 'forget' row and ``new_text`` of the earlier 'add'/'update' rows), in
   superseded earlier versions, and in the turns it was extracted from, so the memory browser
   can show what was forgotten and why; it is not an erasure. ``text_hash`` is kept as a
@@ -447,8 +448,10 @@ class FactLog:
 
         ``refers_to`` defaults to the old fact's. If the new text equals (normalized) another
         active fact of the profile, the old fact is superseded and that fact's id is returned
-        (merge; the audit row says so). Raises :class:`InactiveFactError` if the fact is not
-        active and ``KeyError`` if it does not exist.
+        (merge; the audit row says so). The old fact's embeddings are deleted in the same
+        transaction (its KV rows are left to :meth:`prune_kv`). Raises
+        :class:`InactiveFactError` if the fact is not active and ``KeyError`` if it does not
+        exist.
         """
         new_text = new_text.strip()
         if not normalize_fact_text(new_text):
@@ -464,6 +467,7 @@ class FactLog:
                 "UPDATE facts SET status = 'superseded', updated_at = ? WHERE id = ?",
                 (now, fact_id),
             )
+            self._drop_embeddings(fact_id)
             other = self._one(
                 "SELECT id FROM facts WHERE profile_id = ? AND text_hash = ? AND status = 'active'",
                 (profile_id, h),
@@ -491,10 +495,14 @@ class FactLog:
         self.db.execute("DELETE FROM kv_entries WHERE fact_id = ?", (fact_id,))
         return sorted({r[0] for r in rows})
 
+    def _drop_embeddings(self, fact_id: int) -> None:
+        # Call inside a transaction.
+        self.db.execute("DELETE FROM fact_embeddings WHERE fact_id = ?", (fact_id,))
+
     def delete_fact(self, fact_id: int, cause: str) -> list[str]:
         """Retire an active fact that is no longer true (status 'superseded' with no successor,
-        audit 'delete'; the text is kept). Its KV rows are deleted in the same transaction;
-        returns their locations so the caller can delete the tensors."""
+        audit 'delete'; the text is kept). Its KV and embedding rows are deleted in the same
+        transaction; returns the KV locations so the caller can delete the tensors."""
         with self._write():
             profile_id, text, _, _ = self._active_row(fact_id)
             now = _now()
@@ -503,12 +511,13 @@ class FactLog:
                 (now, fact_id),
             )
             self._audit(profile_id, fact_id, "delete", cause, text, None, now)
+            self._drop_embeddings(fact_id)
             return self._drop_kv(fact_id)
 
     def forget_fact(self, fact_id: int, cause: str) -> list[str]:
         """Forget a fact (active or superseded): status 'forgotten', text "" (the text is kept
-        only in the audit trail, see the module docstring), KV rows deleted, all in one
-        transaction. Returns the removed KV locations; the caller deletes the tensors there.
+        only in the audit trail, see the module docstring), KV and embedding rows deleted, all
+        in one transaction. Returns the removed KV locations; the caller deletes the tensors there.
         Forgetting a forgotten fact returns [] and changes nothing."""
         with self._write():
             row = self.db.execute(
@@ -517,6 +526,7 @@ class FactLog:
             if row is None:
                 raise KeyError(f"no fact {fact_id}")
             profile_id, text, status = row
+            self._drop_embeddings(fact_id)
             if status == "forgotten":
                 return self._drop_kv(fact_id)
             now = _now()
@@ -610,7 +620,69 @@ class FactLog:
             self.db.execute(f"DELETE FROM kv_entries WHERE fact_id IN ({inactive})", (profile_id,))
         return sorted({r[0] for r in rows})
 
+    # -- embeddings -------------------------------------------------------------------------
+
+    def store_embedding(self, fact_id: int, model: str, vector: bytes, dim: int) -> None:
+        """Store the embedding of an active fact under ``model`` (replacing an earlier one).
+
+        ``vector`` is opaque here (the retriever writes ``dim`` float32 values). Raises
+        :class:`InactiveFactError` if the fact was superseded or forgotten meanwhile (so an
+        embedding computed before a forget can't bring the fact's text back in vector form),
+        and ``KeyError`` if it does not exist.
+        """
+        if dim <= 0 or not vector:
+            raise ValueError(f"empty embedding (dim={dim}, {len(vector)} bytes)")
+        with self._write():
+            self._active_row(fact_id)
+            self.db.execute(
+                "INSERT INTO fact_embeddings (fact_id, model, dim, vector) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (fact_id, model) DO UPDATE SET"
+                " dim = excluded.dim, vector = excluded.vector",
+                (fact_id, model, dim, bytes(vector)),
+            )
+
+    def embeddings(self, profile_id: int, model: str) -> list[tuple[int, bytes]]:
+        """``(fact_id, vector)`` of the profile's active facts embedded with ``model``, by id."""
+        rows = self.db.execute(
+            "SELECT e.fact_id, e.vector FROM fact_embeddings e JOIN facts f ON f.id = e.fact_id"
+            " WHERE f.profile_id = ? AND f.status = 'active' AND e.model = ? ORDER BY e.fact_id",
+            (profile_id, model),
+        ).fetchall()
+        return [(r[0], r[1]) for r in rows]
+
     # -- audit ------------------------------------------------------------------------------
+
+    def extraction_cursor(self, profile_id: int) -> int:
+        """The last turn id whose facts were extracted (0: none yet)."""
+        value = self._one(
+            "SELECT last_turn_id FROM extraction_cursor WHERE profile_id = ?", (profile_id,)
+        )
+        return int(value or 0)
+
+    def set_extraction_cursor(self, profile_id: int, turn_id: int) -> None:
+        with self._write():
+            self.db.execute(
+                "INSERT INTO extraction_cursor (profile_id, last_turn_id) VALUES (?, ?)"
+                " ON CONFLICT (profile_id) DO UPDATE SET last_turn_id = excluded.last_turn_id",
+                (profile_id, turn_id),
+            )
+
+    def kv_location(
+        self, fact_id: int, model_fingerprint: str, w: int, encoder_version: str | int
+    ) -> str | None:
+        """Where the fact's KV for this (model, w, encoder) is, or None if not encoded yet."""
+        return self._one(
+            "SELECT location FROM kv_entries WHERE fact_id = ? AND model_fingerprint = ?"
+            " AND w = ? AND encoder_version = ?",
+            (fact_id, model_fingerprint, w, str(encoder_version)),
+        )
+
+    def kv_locations(self, fact_id: int) -> list[str]:
+        """Every stored KV location of a fact (all models and encodings)."""
+        rows = self.db.execute(
+            "SELECT location FROM kv_entries WHERE fact_id = ? ORDER BY location", (fact_id,)
+        ).fetchall()
+        return [r[0] for r in rows]
 
     def audit(self, profile_id: int, fact_id: int | None = None) -> list[AuditEntry]:
         """The profile's audit trail (optionally of one fact), oldest first."""

@@ -1,6 +1,6 @@
 """Numbered schema migrations of the fact log (sqlite-utils ``Migrations``, as in simonw's llm).
 
-Rules: migrations only ever grow. Never edit or reorder one that has shipped; add ``m007_...``.
+Rules: migrations only ever grow. Never edit or reorder one that has shipped; add the next number.
 Each migration runs inside a transaction (a savepoint inside the single ``BEGIN IMMEDIATE``
 that :func:`migrate` opens), together with its row in ``_sqlite_migrations``, so a failure
 leaves it pending and applying twice is a no-op.
@@ -148,6 +148,64 @@ def m006_kv_entries(db: Database) -> None:
             nbytes INTEGER NOT NULL CHECK (nbytes >= 0),
             created_at TEXT NOT NULL,
             PRIMARY KEY (fact_id, model_fingerprint, w, encoder_version)
+        )
+        """
+    )
+
+
+@migrations()
+def m007_fact_embeddings(db: Database) -> None:
+    # One vector per (fact, embedding model) for retrieval; the retriever writes float32
+    # little-endian, dim * 4 bytes. Only active facts have rows: forgetting, superseding or
+    # retiring a fact deletes them in the same transaction. The primary key also serves "drop
+    # the embeddings of fact N"; "the embeddings of a profile" goes through facts' index.
+    db.execute(
+        """
+        CREATE TABLE fact_embeddings (
+            fact_id INTEGER NOT NULL REFERENCES facts(id),
+            model TEXT NOT NULL,
+            dim INTEGER NOT NULL CHECK (dim > 0),
+            vector BLOB NOT NULL,
+            PRIMARY KEY (fact_id, model)
+        )
+        """
+    )
+
+
+@migrations()
+def m008_imports(db: Database) -> None:
+    # One row per file content (sha256) per profile: an 'imported' hash is skipped next time;
+    # a 'quarantined' one is tried again (the parser may have learnt the format meanwhile).
+    # ``path`` is where the file was when it was last imported; ``at`` is our UTC clock.
+    db.execute(
+        """
+        CREATE TABLE imports (
+            id INTEGER PRIMARY KEY,
+            profile_id INTEGER NOT NULL REFERENCES profiles(id),
+            path TEXT NOT NULL,
+            sha256 TEXT NOT NULL,
+            format TEXT,
+            status TEXT NOT NULL CHECK (status IN ('imported', 'quarantined')),
+            reason TEXT,
+            conversations INTEGER NOT NULL DEFAULT 0 CHECK (conversations >= 0),
+            turns_added INTEGER NOT NULL DEFAULT 0 CHECK (turns_added >= 0),
+            at TEXT NOT NULL,
+            UNIQUE (profile_id, sha256)
+        )
+        """
+    )
+
+
+@migrations()
+def m009_extraction_cursor(db: Database) -> None:
+    # How far fact extraction has read each profile's turns (the last turn id done). A crash
+    # between adding a turn's facts and moving the cursor re-extracts that turn, and the fact
+    # dedup (normalised text hash) makes the redo a no-op.
+    db.execute(
+        """
+        CREATE TABLE extraction_cursor (
+            profile_id INTEGER PRIMARY KEY REFERENCES profiles(id),
+            last_turn_id INTEGER NOT NULL DEFAULT 0
         )
         """
     )

@@ -49,6 +49,15 @@ class Fact:
 
 
 @dataclass(slots=True)
+class Hit:
+    """One retrieved fact: its similarity to the question and its rank among the hits."""
+
+    fact: Fact
+    score: float  # cosine similarity of the fact's and the question's embeddings, in [-1, 1]
+    rank: int  # 1 = most similar, whatever order the hits are listed in
+
+
+@dataclass(slots=True)
 class AuditEntry:
     """One change to the fact log: who/what changed which fact, and why."""
 

@@ -83,7 +83,9 @@ def test_parse_operations_validates_schema_and_targets():
     bad_target = json.dumps({"operations": [{"op": "delete", "text": "xyz", "target_id": 99}]})
     with pytest.raises(InvalidOperations):
         parse_operations(bad_target, similar)
-    with pytest.raises(Exception):
+    import jsonschema
+
+    with pytest.raises(jsonschema.ValidationError):
         parse_operations('{"operations": [{"op": "shout", "text": "x"}]}', similar)
 
 

@@ -80,6 +80,8 @@ EXPECTED_COLUMNS = {
         "nbytes": int,
         "created_at": str,
     },
+    "fact_embeddings": {"fact_id": int, "model": str, "dim": int, "vector": bytes},
+    "extraction_cursor": {"profile_id": int, "last_turn_id": int},
 }
 
 
@@ -118,10 +120,14 @@ def test_migrations_create_the_schema_and_reapply_as_a_no_op():
         "m004_facts",
         "m005_audit",
         "m006_kv_entries",
+        "m007_fact_embeddings",
+        "m008_imports",
+        "m009_extraction_cursor",
     ]
     for table, columns in EXPECTED_COLUMNS.items():
         assert db[table].columns_dict == columns, table
     assert db["kv_entries"].pks == ["fact_id", "model_fingerprint", "w", "encoder_version"]
+    assert db["fact_embeddings"].pks == ["fact_id", "model"]
     partial = db.execute(
         "SELECT sql FROM sqlite_master WHERE name = 'idx_facts_active_hash'"
     ).fetchone()[0]
@@ -366,6 +372,37 @@ def test_delete_fact_and_prune_kv(log):
     assert log.audit(p)[-1].action == "delete"
 
 
+def test_embeddings_live_and_die_with_their_active_fact(log):
+    p, other = log.profile(), log.profile("other")
+    a, _ = log.add_fact(p, "fact a")
+    b, _ = log.add_fact(p, "fact b")
+    c, _ = log.add_fact(p, "fact c")
+    d, _ = log.add_fact(p, "fact d")
+    o, _ = log.add_fact(other, "fact o")
+    for fid in (a, b, c, d, o):
+        log.store_embedding(fid, "m", f"v{fid}".encode(), 2)
+        log.store_embedding(fid, "m2", b"x", 1)
+    log.store_embedding(a, "m", b"new", 3)  # replaces
+    assert log.embeddings(p, "m") == [(a, b"new")] + [(f, f"v{f}".encode()) for f in (b, c, d)]
+    assert log.embeddings(other, "m") == [(o, f"v{o}".encode())]
+    assert log.embeddings(p, "unknown") == []
+
+    new_b = log.update_fact(b, "fact b2", cause="x")
+    log.delete_fact(c, cause="x")
+    log.forget_fact(d, cause="x")
+    assert [fid for fid, _ in log.embeddings(p, "m")] == [a]
+    for fid in (b, c, d):  # every model's rows went with the fact
+        assert count(log, "SELECT count(*) FROM fact_embeddings WHERE fact_id = ?", (fid,)) == 0
+    with pytest.raises(InactiveFactError):  # an embedder racing with the forget
+        log.store_embedding(d, "m", b"late", 2)
+    with pytest.raises(KeyError):
+        log.store_embedding(9999, "m", b"x", 1)
+    with pytest.raises(ValueError):
+        log.store_embedding(a, "m", b"", 1)
+    log.store_embedding(new_b, "m", b"b2", 2)
+    assert [fid for fid, _ in log.embeddings(p, "m")] == [a, new_b]
+
+
 def test_facts_without_kv_and_record_kv(log):
     p = log.profile()
     a, _ = log.add_fact(p, "fact a")
@@ -558,3 +595,13 @@ if __name__ == "__main__":
         crash_child(sys.argv[2])
     else:
         sys.exit(f"usage: {sys.argv[0]} child DB")
+
+
+def test_extraction_cursor_moves_forward_per_profile():
+    log = FactLog(Database(memory=True))
+    a, b = log.profile("a"), log.profile("b")
+    assert log.extraction_cursor(a) == 0
+    log.set_extraction_cursor(a, 12)
+    log.set_extraction_cursor(a, 15)
+    assert log.extraction_cursor(a) == 15
+    assert log.extraction_cursor(b) == 0

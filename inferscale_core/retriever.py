@@ -1,0 +1,213 @@
+"""Question -> the facts to inject: embedding search over one profile's active facts.
+
+Each profile has its own vector index, so a search can only ever see that profile's facts. An
+index is built on the profile's first use from the embeddings stored in the fact log
+(``fact_embeddings``); facts without one are embedded then, in batches, and stored. Later facts
+come in through :meth:`Retriever.add`.
+
+The fact log has the last word: every hit is re-read from it and dropped unless it is still an
+active fact of the profile, so a forgotten or replaced fact never comes back, even from a stale
+index (and the stale id is dropped from the index on the way).
+
+Vectors are stored as float32 little-endian bytes, under the embedder's ``name``. A
+``Retriever`` shares its ``FactLog``'s thread (one sqlite3 connection per thread).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import date
+from typing import Literal, Protocol
+
+import numpy as np
+import torch
+
+from inferscale_core.embedder import Embedder
+from inferscale_core.factlog import FactLog, InactiveFactError
+from inferscale_core.types import Fact, Hit
+from inferscale_core.vector_index import VectorIndex, make_index
+
+logger = logging.getLogger(__name__)
+
+Order = Literal["best_last", "best_first", "chronological"]
+ORDERS: tuple[str, ...] = ("best_last", "best_first", "chronological")
+
+
+class IndexFactory(Protocol):
+    """Makes an empty index; :func:`inferscale_core.vector_index.make_index` is one."""
+
+    def __call__(self, dim: int, device: str, size_hint: int) -> VectorIndex: ...
+
+
+class Retriever:
+    """Top-k active facts of a profile for a question.
+
+    Args:
+        factlog: the fact log (its thread is the retriever's thread).
+        embedder: embeds facts and questions; its ``name`` keys the stored vectors.
+        index_factory: ``(dim, device, size_hint) -> VectorIndex``, called once per profile.
+        device: where the indexes live ("cpu" or "cuda").
+        batch_size: facts embedded per call when building an index.
+    """
+
+    def __init__(
+        self,
+        factlog: FactLog,
+        embedder: Embedder,
+        index_factory: IndexFactory = make_index,
+        device: str = "cpu",
+        batch_size: int = 256,
+    ) -> None:
+        self.log = factlog
+        self.embedder = embedder
+        self.index_factory = index_factory
+        self.device = device
+        self.batch_size = batch_size
+        self._indexes: dict[int, VectorIndex] = {}  # profile id -> its index
+
+    # -- writes -----------------------------------------------------------------------------
+
+    def add(self, fact: Fact) -> bool:
+        """Embed, store and index one fact; False if it is no longer active (then nothing is
+        stored). Call it after :meth:`FactLog.add_fact` / :meth:`FactLog.update_fact`."""
+        return self.add_many([fact]) == 1
+
+    def add_many(self, facts: Sequence[Fact]) -> int:
+        """:meth:`add` for many facts, embedded in batches; returns how many were added."""
+        added = 0
+        for start in range(0, len(facts), self.batch_size):
+            batch = [f for f in facts[start : start + self.batch_size] if f.status == "active"]
+            if batch:
+                vectors = self.embedder.embed([f.text for f in batch])  # [b, dim]
+                added += self._store(batch, vectors)
+        return added
+
+    def remove(self, fact_id: int) -> None:
+        """Drop a fact from the indexes (after forgetting, replacing or retiring it in the log,
+        which deletes its stored embedding). Searches would skip it anyway; this frees the slot."""
+        for index in self._indexes.values():
+            index.remove([fact_id])
+
+    def sync(self, profile_id: int) -> None:
+        """Rebuild the profile's index from the log now (after facts were added or changed by
+        another ``FactLog``/thread); embeds only the facts that have no stored vector."""
+        self._indexes.pop(profile_id, None)
+        self._index(profile_id)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def search(
+        self, profile_id: int, question: str, k: int = 8, order: Order = "best_last"
+    ) -> list[Hit]:
+        """The ``k`` active facts of the profile most similar to ``question``.
+
+        ``order`` is the order to inject them in: "best_last" (the default: the best hit last,
+        nearest the question), "best_first", or "chronological" (facts without a date first,
+        then by ``refers_to``, then by id). ``Hit.rank`` is 1 for the best hit in every order.
+        """
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+        if k <= 0:
+            return []
+        query = self.embedder.embed([question])  # [1, dim]
+        hits = self._search(profile_id, query, k)
+        if order == "best_last":
+            hits.reverse()
+        elif order == "chronological":
+            hits.sort(key=_chronological)
+        return hits
+
+    def similar(self, profile_id: int, text: str, threshold: float = 0.92) -> Hit | None:
+        """The profile's active fact most similar to ``text`` if its cosine similarity is at
+        least ``threshold``, else None (for merging near-duplicates at extraction)."""
+        hits = self._search(profile_id, self.embedder.embed([text]), 1)
+        return hits[0] if hits and hits[0].score >= threshold else None
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _search(self, profile_id: int, query: torch.Tensor, k: int) -> list[Hit]:
+        """Best first. Hits the log no longer backs are dropped (and removed from the index),
+        and the search repeated until k good ones are found or the index is exhausted."""
+        index = self._index(profile_id)
+        while True:
+            found = index.search(query, k)[0]  # [(fact id, score)] best first
+            facts = self._active_facts(profile_id, [fid for fid, _ in found])
+            stale = [fid for fid, _ in found if fid not in facts]
+            if not stale:
+                break
+            logger.info("dropping %d stale ids from profile %d's index", len(stale), profile_id)
+            index.remove(stale)
+            if any(fid in index for fid in stale):  # never loop on an index that keeps them
+                break
+        hits = [(facts[fid], score) for fid, score in found if fid in facts]
+        return [Hit(fact, score, rank) for rank, (fact, score) in enumerate(hits, start=1)]
+
+    def _active_facts(self, profile_id: int, ids: list[int]) -> dict[int, Fact]:
+        """``{id: Fact}`` of the ids that are active facts of the profile, read from the log."""
+        facts = (self.log.get_fact(fid) for fid in ids)
+        return {
+            f.id: f
+            for f in facts
+            if f is not None and f.status == "active" and f.profile_id == profile_id
+        }
+
+    def _index(self, profile_id: int) -> VectorIndex:
+        """The profile's index, built on first use from the stored embeddings."""
+        index = self._indexes.get(profile_id)
+        if index is not None:
+            return index
+        dim = self.embedder.dim
+        stored = [
+            (fid, blob)
+            for fid, blob in self.log.embeddings(profile_id, self.embedder.name)
+            if len(blob) == 4 * dim  # else written by another dim: embed again
+        ]
+        have = {fid for fid, _ in stored}
+        missing = [f for f in self.log.active_facts(profile_id) if f.id not in have]
+        index = self.index_factory(dim, self.device, len(stored) + len(missing))
+        if stored:
+            index.add([fid for fid, _ in stored], _decode([blob for _, blob in stored], dim))
+        self._indexes[profile_id] = index
+        if missing:
+            logger.info("embedding %d facts of profile %d", len(missing), profile_id)
+            self.add_many(missing)
+        return index
+
+    def _store(self, facts: list[Fact], vectors: torch.Tensor) -> int:
+        """Store each fact's vector in the log, then index the ones stored (skipping facts
+        that were forgotten or replaced meanwhile: the log refuses them)."""
+        kept = []
+        for i, fact in enumerate(facts):
+            try:
+                self.log.store_embedding(
+                    fact.id, self.embedder.name, _encode(vectors[i]), vectors.shape[1]
+                )
+            except (InactiveFactError, KeyError):
+                logger.info("fact %d is gone; not indexing it", fact.id)
+                continue
+            kept.append(i)
+        by_profile: dict[int, list[int]] = {}
+        for i in kept:
+            by_profile.setdefault(facts[i].profile_id, []).append(i)
+        for profile_id, rows in by_profile.items():
+            index = self._indexes.get(profile_id)
+            if index is not None:  # else built from the log, with these, on first use
+                index.add([facts[i].id for i in rows], vectors[rows])
+        return len(kept)
+
+
+def _chronological(hit: Hit) -> tuple[bool, date, int]:
+    when = hit.fact.refers_to
+    return (when is not None, when or date.min, hit.fact.id)
+
+
+def _encode(vector: torch.Tensor) -> bytes:
+    """``[dim]`` -> float32 little-endian bytes."""
+    return vector.detach().cpu().numpy().astype("<f4", copy=False).tobytes()
+
+
+def _decode(blobs: Sequence[bytes], dim: int) -> torch.Tensor:
+    """float32 little-endian blobs of ``dim`` values -> ``[len(blobs), dim]`` float32."""
+    flat = np.frombuffer(b"".join(blobs), dtype="<f4").astype(np.float32)  # [n * dim]
+    return torch.from_numpy(flat.reshape(len(blobs), dim))
