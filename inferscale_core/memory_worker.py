@@ -1,0 +1,286 @@
+"""Background memory work: extract facts from new turns, then encode their KV durably.
+
+A worker thread that never blocks a chat turn. The fact log is the queue: turns after the
+extraction cursor still need extracting, and active facts without a ``kv_entries`` row for the
+current (model, w, encoder) still need encoding. A fact becomes injectable only once its
+tensors are durably stored *and* the row is written, so a crash at any point leaves work that
+the next start simply finds again — nothing is lost and content-addressed keys make a redo a
+no-op. After a model change the same query finds every fact stale, and they are re-encoded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from inferscale_core.composer import fact_line
+from inferscale_core.encoder import ENCODER_VERSION
+from inferscale_core.extractor import Extractor, FactOp
+from inferscale_core.factlog import FactLog, InactiveFactError
+from inferscale_core.prompt_builder import MemoryFact, PromptBuilder
+from inferscale_core.retriever import Retriever
+from inferscale_core.types import Fact, Turn
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """What the footer shows: how much is queued, done, and how fast."""
+
+    pending_turns: int = 0
+    pending_facts: int = 0
+    extracted_facts: int = 0
+    encoded_facts: int = 0
+    encode_rate: float = 0.0  # facts per second over the recent batches
+    errors: int = 0
+    last_error: str | None = None
+    running: bool = False
+    paused: bool = False
+
+
+@dataclass(slots=True)
+class _Rate:
+    window: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=20))
+
+    def add(self, seconds: float, count: int) -> None:
+        self.window.append((seconds, count))
+
+    @property
+    def per_second(self) -> float:
+        seconds = sum(s for s, _ in self.window)
+        return sum(c for _, c in self.window) / seconds if seconds > 0 else 0.0
+
+
+def context_line(turn: Turn) -> str:
+    """A context turn as the encoder sees it before a fact (same shape as a fact line)."""
+    return fact_line(f"{turn.speaker}: {turn.text}", turn.timestamp)
+
+
+class MemoryWorker:
+    """Runs extraction and encoding for one profile in a background thread.
+
+    ``open_log`` opens a fact-log connection for the worker's own thread (SQLite connections
+    belong to one thread); ``make_retriever`` builds the worker's own retriever over it, used
+    to find the facts similar to a turn (update/delete targets, near-duplicates) and to store
+    new facts' embeddings. ``on_change(added, removed)`` is told which fact ids were extracted
+    or stopped being facts, so the chat thread can update its own index.
+    """
+
+    def __init__(
+        self,
+        open_log: Callable[[], FactLog],
+        profile_id: int,
+        builder: PromptBuilder,
+        extractor: Extractor,
+        w: int = 20,
+        batch_size: int = 16,
+        on_change: Callable[[list[int], list[int]], None] = lambda added, removed: None,
+        make_retriever: Callable[[FactLog], Retriever] | None = None,
+        poll_seconds: float = 1.0,
+    ) -> None:
+        self.open_log = open_log
+        self.profile_id = profile_id
+        self.builder = builder
+        self.extractor = extractor
+        self.w = w
+        self.batch_size = batch_size
+        self.on_change = on_change
+        self.make_retriever = make_retriever
+        self._retriever: Retriever | None = None
+        self.poll_seconds = poll_seconds
+        self.stats = WorkerStats()
+        self._rate = _Rate()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._resume = threading.Event()
+        self._resume.set()
+        self._idle = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- control (any thread) ----
+    def start(self) -> MemoryWorker:
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="memory-worker", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        self._stop.set()
+        self._resume.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def wake(self) -> None:
+        """New turns were logged: look for work now instead of at the next poll."""
+        self._idle.clear()
+        self._wake.set()
+
+    def pause(self) -> None:
+        """Hold off between batches (e.g. while the engine answers a question)."""
+        self._resume.clear()
+        self.stats.paused = True
+
+    def resume(self) -> None:
+        self._resume.set()
+        self.stats.paused = False
+
+    def wait_idle(self, timeout: float = 60.0) -> bool:
+        """Block until the worker found nothing left to do (True) or the timeout passed."""
+        self.wake()
+        return self._idle.wait(timeout)
+
+    # ---- the thread ----
+    def _run(self) -> None:
+        factlog = self.open_log()
+        self._retriever = self.make_retriever(factlog) if self.make_retriever else None
+        self.stats.running = True
+        try:
+            while not self._stop.is_set():
+                self._resume.wait()
+                if self._stop.is_set():
+                    break
+                try:
+                    did = self._extract_batch(factlog) + self._encode_batch(factlog)
+                except Exception as exc:  # keep the thread alive; report it
+                    self.stats.errors += 1
+                    self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                    log.exception("memory worker batch failed")
+                    did = 0
+                    self._stop.wait(self.poll_seconds)
+                if did == 0:
+                    self._refresh_counts(factlog)
+                    self._idle.set()
+                    self._wake.wait(self.poll_seconds)
+                    self._wake.clear()
+        finally:
+            self.stats.running = False
+            factlog.close()
+
+    def _refresh_counts(self, factlog: FactLog) -> None:
+        cursor = factlog.extraction_cursor(self.profile_id)
+        self.stats.pending_turns = len(factlog.turns(self.profile_id, after_id=cursor))
+        self.stats.pending_facts = len(
+            factlog.facts_without_kv(
+                self.profile_id, self.builder.fingerprint, self.w, ENCODER_VERSION
+            )
+        )
+
+    def _extract_batch(self, factlog: FactLog) -> int:
+        cursor = factlog.extraction_cursor(self.profile_id)
+        turns = factlog.turns(self.profile_id, after_id=cursor, limit=self.batch_size * 4)
+        if not turns:
+            return 0
+        added: list[int] = []
+        removed: list[int] = []
+        for turn_id, turn in turns:
+            similar = self._similar_facts(turn.text)
+            for op in self.extractor.extract(turn, similar):
+                if op.op == "add" and self._is_near_duplicate(op.text):
+                    continue
+                self._apply(factlog, op, turn_id, added, removed)
+            factlog.set_extraction_cursor(self.profile_id, turn_id)
+            if self._retriever is not None:  # index (and store embeddings) turn by turn
+                for fact_id in removed:
+                    self._retriever.remove(fact_id)
+                self._retriever.add_many(
+                    [f for f in (factlog.get_fact(i) for i in added) if f is not None]
+                )
+        self.stats.extracted_facts += len(added)
+        if added or removed:
+            self.on_change(added, removed)
+        return len(turns)
+
+    def _similar_facts(self, text: str, k: int = 5) -> list[Fact]:
+        if self._retriever is None:
+            return []
+        return [hit.fact for hit in self._retriever.search(self.profile_id, text, k)]
+
+    def _is_near_duplicate(self, text: str) -> bool:
+        return self._retriever is not None and (
+            self._retriever.similar(self.profile_id, text) is not None
+        )
+
+    def _apply(
+        self, factlog: FactLog, op: FactOp, turn_id: int, added: list[int], removed: list[int]
+    ) -> None:
+        cause = f"extracted from turn {turn_id} ({self.extractor.name})"
+        refers_to = op.refers_to
+        if op.op == "add":
+            fact_id, created = factlog.add_fact(
+                self.profile_id,
+                op.text,
+                refers_to=refers_to,
+                source_turn_ids=[turn_id],
+                cause=cause,
+            )
+            if created:
+                added.append(fact_id)
+        elif op.op == "update" and op.target_id is not None:
+            try:
+                added.append(
+                    factlog.update_fact(
+                        op.target_id,
+                        op.text,
+                        cause,
+                        refers_to=refers_to,
+                        source_turn_ids=[turn_id],
+                    )
+                )
+                removed.append(op.target_id)
+            except InactiveFactError:
+                pass
+        elif op.op == "delete" and op.target_id is not None:
+            for key in factlog.delete_fact(op.target_id, cause=cause):
+                self.builder.store.delete(key)
+            removed.append(op.target_id)
+
+    def _memory_fact(self, factlog: FactLog, fact: Fact) -> MemoryFact:
+        context: tuple[str, ...] = ()
+        if self.w and fact.source_turn_ids:
+            turns = factlog.turns_before(fact.source_turn_ids[0], self.w)
+            context = tuple(context_line(t) for t in turns)
+        return MemoryFact(fact.text, fact.refers_to, context)
+
+    def _encode_batch(self, factlog: FactLog) -> int:
+        fingerprint = self.builder.fingerprint
+        facts = factlog.facts_without_kv(
+            self.profile_id, fingerprint, self.w, ENCODER_VERSION, limit=self.batch_size
+        )
+        if not facts:
+            return 0
+        t0 = time.perf_counter()
+        memory = [self._memory_fact(factlog, fact) for fact in facts]
+        spaces = [f"{fact.profile_id}/{fact.id}" for fact in facts]
+        entries = self.builder.encode_many(memory, spaces)  # durable in the store on return
+        ready: list[int] = []
+        for fact, (key, ids) in zip(facts, entries, strict=True):
+            nbytes = _nbytes(self.builder.store.header(key).shape)
+            try:
+                replaced = factlog.record_kv(
+                    fact.id, fingerprint, self.w, ENCODER_VERSION, key, len(ids), nbytes
+                )
+            except InactiveFactError:  # forgotten while we encoded it: drop the tensors
+                self.builder.store.delete(key)
+                continue
+            if replaced:
+                self.builder.store.delete(replaced)
+            ready.append(fact.id)
+        self._rate.add(time.perf_counter() - t0, len(facts))
+        self.stats.encoded_facts += len(ready)
+        self.stats.encode_rate = self._rate.per_second
+        return len(facts)
+
+
+def _nbytes(shape: tuple[int, ...]) -> int:
+    """Bytes of an entry's K and V in fp32: 2 * layers * tokens * kv_heads * head_dim * 4."""
+    count = 1
+    for size in shape:
+        count *= size
+    return 2 * count * 4

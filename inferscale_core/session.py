@@ -1,0 +1,242 @@
+"""The chat loop: user turn -> retrieve -> compose -> engine -> reply -> log -> extract -> encode.
+
+The UI only calls this. Retrieval runs on the caller's thread; extraction and encoding run in
+the :class:`~inferscale_core.memory_worker.MemoryWorker` thread, which tells the session which
+facts became injectable. A retrieved fact whose KV is not stored yet still reaches the model,
+as plain text after the injected span (prefilled like the question), so nothing retrieved is
+ever dropped while encoding catches up.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from inferscale_core.composer import fact_line
+from inferscale_core.embedder import Embedder
+from inferscale_core.encoder import ENCODER_VERSION
+from inferscale_core.engine import Engine
+from inferscale_core.extractor import Extractor
+from inferscale_core.factlog import FactLog
+from inferscale_core.memory_worker import MemoryWorker
+from inferscale_core.prompt_builder import MemoryFact, PromptBuilder
+from inferscale_core.retriever import Retriever
+from inferscale_core.types import Conversation, GenerationResult, Hit, Turn
+
+SYNC_THRESHOLD = 64  # more new facts than this: rebuild the index from stored embeddings
+
+
+@dataclass(slots=True)
+class SessionConfig:
+    k: int = 10  # facts retrieved per turn
+    w: int = 20  # context turns each fact is encoded with
+    history_turns: int = 6  # recent turns of this conversation kept in the prompt
+    max_tokens: int = 512
+    temperature: float = 0.0
+    mode: str = "inject"  # "inject" (KV injection) or "prompt" (facts as prompt text)
+
+
+@dataclass(slots=True)
+class InjectedFact:
+    """One memory as it went into a reply, for the memory panel."""
+
+    fact_id: int
+    text: str
+    refers_to: str | None
+    score: float
+    how: str  # "injected" (KV from the store), "text" (KV not ready: prefilled as text)
+    tier: str | None = None  # which store tier served it, when injected
+
+
+@dataclass(slots=True)
+class Reply:
+    """A finished (or streaming) answer and what memory it used."""
+
+    conversation_id: int
+    text: str = ""
+    facts: list[InjectedFact] = field(default_factory=list)
+    result: GenerationResult | None = None
+    mode: str = "inject"
+    user_turn_id: int | None = None
+    assistant_turn_id: int | None = None
+
+    @property
+    def injected_fact_ids(self) -> list[int]:
+        return [f.fact_id for f in self.facts if f.how == "injected"]
+
+
+class Session:
+    def __init__(
+        self,
+        factlog: FactLog,
+        profile_id: int,
+        retriever: Retriever,
+        builder: PromptBuilder,
+        engine: Engine,
+        worker: MemoryWorker | None = None,
+        config: SessionConfig | None = None,
+    ) -> None:
+        self.factlog = factlog
+        self.profile_id = profile_id
+        self.retriever = retriever
+        self.builder = builder
+        self.engine = engine
+        self.worker = worker
+        self.config = config or SessionConfig()
+        self._changes: queue.SimpleQueue[tuple[list[int], list[int]]] = queue.SimpleQueue()
+
+    @classmethod
+    def open(
+        cls,
+        db_path: Path,
+        builder: PromptBuilder,
+        engine: Engine,
+        embedder: Embedder,
+        extractor: Extractor,
+        profile: str = "default",
+        config: SessionConfig | None = None,
+        start_worker: bool = True,
+    ) -> Session:
+        """Open the fact log at ``db_path`` and wire retrieval and the memory worker."""
+        config = config or SessionConfig()
+        factlog = FactLog.open(db_path)
+        profile_id = factlog.profile(profile)
+        session = cls(
+            factlog, profile_id, Retriever(factlog, embedder), builder, engine, None, config
+        )
+        session.worker = MemoryWorker(
+            lambda: FactLog.open(db_path),
+            profile_id,
+            builder,
+            extractor,
+            w=config.w,
+            on_change=session.notify_changed,
+            make_retriever=lambda log: Retriever(log, embedder),
+        )
+        if start_worker:
+            session.worker.start()
+        return session
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+        self.factlog.close()
+
+    # ---- called by the memory worker's thread ----
+    def notify_changed(self, added: list[int], removed: list[int]) -> None:
+        self._changes.put((added, removed))
+
+    def _apply_changes(self) -> None:
+        """Bring this thread's index up to date with what the memory worker extracted."""
+        added: list[int] = []
+        while True:
+            try:
+                new, removed = self._changes.get_nowait()
+            except queue.Empty:
+                break
+            added.extend(new)
+            for fact_id in removed:
+                self.retriever.remove(fact_id)
+        if len(added) > SYNC_THRESHOLD:  # e.g. after an import: reload the stored vectors
+            self.retriever.sync(self.profile_id)
+        elif added:
+            facts = [self.factlog.get_fact(fact_id) for fact_id in added]
+            self.retriever.add_many([f for f in facts if f is not None and f.status == "active"])
+
+    # ---- conversations ----
+    def new_conversation(self, title: str = "New chat") -> int:
+        conversation_id, _ = self.factlog.add_conversation(
+            self.profile_id, Conversation(title=title, source="chat")
+        )
+        return conversation_id
+
+    def _history(self, user_turn_id: int) -> list[tuple[str, str]]:
+        turns = self.factlog.turns_before(user_turn_id, self.config.history_turns)
+        return [("assistant" if t.speaker == "assistant" else "user", t.text) for t in turns]
+
+    def _plan(
+        self, hits: list[Hit]
+    ) -> tuple[list[tuple[str, list[int]]], list[str], list[InjectedFact]]:
+        """Split hits into stored KV entries and text lines (KV not ready), in hit order."""
+        entries, lines, used = [], [], []
+        fingerprint = self.builder.fingerprint
+        for hit in hits:
+            fact = hit.fact
+            key = self.factlog.kv_location(fact.id, fingerprint, self.config.w, ENCODER_VERSION)
+            when = fact.refers_to.isoformat() if fact.refers_to else None
+            if key is not None and self.builder.store.has(key):
+                entries.append((key, list(self.builder.store.header(key).token_ids)))
+                used.append(InjectedFact(fact.id, fact.text, when, hit.score, "injected"))
+            else:
+                lines.append(fact_line(fact.text, fact.refers_to))
+                used.append(InjectedFact(fact.id, fact.text, when, hit.score, "text"))
+        return entries, lines, used
+
+    def ask(self, conversation_id: int, text: str) -> Iterator[tuple[str, Reply]]:
+        """Answer ``text`` in a conversation, streaming ``(delta, reply so far)``."""
+        now = datetime.now(UTC)
+        user_turn_id = self.factlog.append_turn(conversation_id, Turn("user", text, now))
+        self._apply_changes()
+        hits = self.retriever.search(self.profile_id, text, self.config.k) if self.config.k else []
+        history = self._history(user_turn_id)
+        reply = Reply(conversation_id, mode=self.config.mode, user_turn_id=user_turn_id)
+        if self.config.mode == "prompt":
+            memory = [MemoryFact(h.fact.text, h.fact.refers_to) for h in hits]
+            prompt = self.builder.prompt_injection_ids(memory, text, history)
+            when = [h.fact.refers_to.isoformat() if h.fact.refers_to else None for h in hits]
+            reply.facts = [
+                InjectedFact(h.fact.id, h.fact.text, d, h.score, "text")
+                for h, d in zip(hits, when, strict=True)
+            ]
+        else:
+            entries, lines, reply.facts = self._plan(hits)
+            prompt = self.builder.compose(entries, text, history, self.config.w, lines)
+        if self.worker is not None:
+            self.worker.pause()
+        try:
+            for delta, result in self.engine.stream(
+                prompt, max_tokens=self.config.max_tokens, temperature=self.config.temperature
+            ):
+                reply.text, reply.result = result.text, result
+                yield delta, reply
+        finally:
+            if self.worker is not None:
+                self.worker.resume()
+        if reply.result is not None and reply.result.refused:
+            for fact in reply.facts:
+                fact.how = "text" if fact.how == "injected" else fact.how
+        reply.assistant_turn_id = self.factlog.append_turn(
+            conversation_id, Turn("assistant", reply.text.strip(), datetime.now(UTC))
+        )
+        if self.worker is not None:
+            self.worker.wake()
+        yield "", reply
+
+    def ask_all(self, conversation_id: int, text: str) -> Reply:
+        reply = None
+        for _, reply in self.ask(conversation_id, text):  # noqa: B007 - the last one is final
+            pass
+        assert reply is not None
+        return reply
+
+    # ---- memory edits: one operation across the log, the index and every KV tier ----
+    def forget(self, fact_id: int, cause: str = "forgotten by the user") -> None:
+        for key in self.factlog.forget_fact(fact_id, cause):
+            self.builder.store.delete(key)
+        self.retriever.remove(fact_id)
+
+    def edit(self, fact_id: int, new_text: str, cause: str = "edited by the user") -> int:
+        old_keys = self.factlog.kv_locations(fact_id)
+        new_id = self.factlog.update_fact(fact_id, new_text, cause)
+        for key in old_keys:
+            self.builder.store.delete(key)
+        self.retriever.remove(fact_id)
+        fact = self.factlog.get_fact(new_id)
+        if fact is not None:
+            self.retriever.add(fact)
+        if self.worker is not None:
+            self.worker.wake()
+        return new_id
