@@ -95,6 +95,22 @@ def build_parser() -> argparse.ArgumentParser:
     ttft.add_argument("--model", help="local Hugging Face model folder (default: SmolLM2)")
     ttft.add_argument("--seed", type=int, default=0, help="fact sampling seed (0)")
 
+    imp = sub.add_parser(
+        "import",
+        help="import chat exports (ChatGPT, Claude, WhatsApp, JSONL, Markdown, LoCoMo)",
+        description="Import a file or a folder of chat exports into the memory. Files already"
+        " imported (same content) are skipped; a grown export imports only what is new. Bad"
+        " files are reported with the reason (and quarantined when they come from the inbox).",
+    )
+    imp.add_argument("path", type=Path, help="an export file or a folder of them")
+    watch = sub.add_parser(
+        "watch",
+        help="watch a folder and import every export dropped into it",
+        description="Import files dropped into INBOX once they are completely written; imported"
+        " files move to INBOX/imported/, bad ones to INBOX/quarantine/ with a .reason.txt.",
+    )
+    watch.add_argument("inbox", type=Path, nargs="?", help="the folder (default: the data inbox)")
+
     models = sub.add_parser("models", help="manage the embedded models")
     models_sub = models.add_subparsers(dest="models_command", metavar="ACTION", required=True)
     models_sub.add_parser(
@@ -131,6 +147,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 console=console,
                 as_json=args.json,
             )
+        if args.command == "import":
+            from app.import_cmd import run_import
+
+            return run_import(args.path, console)
+        if args.command == "watch":
+            from app.import_cmd import default_inbox, run_watch
+
+            return run_watch(args.inbox or default_inbox(), console)
         if args.command == "bench":
             from app.bench_cmd import run_bench_ttft
 
