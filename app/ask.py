@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from datetime import date
 
@@ -71,3 +72,56 @@ def run_ask(
     if result.refused and not prompt_injection:
         console.print(f"[yellow]injection refused:[/yellow] {result.refused}")
     return 0
+
+
+def _parse_fact(value: str) -> tuple[str, date | None]:
+    """``"YYYY-MM-DD text"`` or plain ``"text"``."""
+    head, _, rest = value.partition(" ")
+    try:
+        return rest.strip(), date.fromisoformat(head)
+    except ValueError:
+        return value.strip(), None
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    ask = sub.add_parser(
+        "ask",
+        help="ask one question and print the answer with the memories injected",
+        description="Answer one question on the local model, injecting the given memories as"
+        " KV cache, and print the answer, the injected facts, TTFT and token counts.",
+    )
+    ask.add_argument("question", help="the question to answer")
+    ask.add_argument(
+        "--fact",
+        action="append",
+        default=[],
+        metavar="[YYYY-MM-DD ]TEXT",
+        help="a memory to inject (repeatable; an optional leading ISO date is the date it"
+        " refers to)",
+    )
+    ask.add_argument("--model", help="local Hugging Face model folder (default: embedded SmolLM2)")
+    ask.add_argument("--max-tokens", type=int, default=128, help="answer length limit (128)")
+    ask.add_argument(
+        "--prompt-injection",
+        action="store_true",
+        help="put the memories into the prompt as text instead of injecting their KV (baseline)",
+    )
+    ask.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"answer", "ttft_s", "injected_fact_ids", "injected_tokens", ...} as JSON',
+    )
+    ask.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace, console: Console) -> int:
+    return run_ask(
+        args.question,
+        [_parse_fact(f) for f in args.fact],
+        model=args.model,
+        max_tokens=args.max_tokens,
+        prompt_injection=args.prompt_injection,
+        verbose=args.verbose,
+        console=console,
+        as_json=args.json,
+    )

@@ -7,6 +7,7 @@ the inbox (``data_dir()/inbox`` unless ``watch`` is given another) are moved to 
 
 from __future__ import annotations
 
+import argparse
 import threading
 from pathlib import Path
 
@@ -166,3 +167,23 @@ def line(result: FileResult) -> str:
         f"{_STYLES[result.status]} {name}: {result.conversations:,} conversations, "
         f"{result.turns_added:,} new turns"
     )
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    imp = sub.add_parser(
+        "import",
+        help="import chat exports (ChatGPT, Claude, WhatsApp, JSONL, Markdown, LoCoMo)",
+        description="Import a file or a folder of chat exports into the memory. Files already"
+        " imported (same content) are skipped; a grown export imports only what is new. Bad"
+        " files are reported with the reason (and quarantined when they come from the inbox).",
+    )
+    imp.add_argument("path", type=Path, help="an export file or a folder of them")
+    imp.set_defaults(func=lambda args, console: run_import(args.path, console))
+    watch = sub.add_parser(
+        "watch",
+        help="watch a folder and import every export dropped into it",
+        description="Import files dropped into INBOX once they are completely written; imported"
+        " files move to INBOX/imported/, bad ones to INBOX/quarantine/ with a .reason.txt.",
+    )
+    watch.add_argument("inbox", type=Path, nargs="?", help="the folder (default: the data inbox)")
+    watch.set_defaults(func=lambda args, console: run_watch(args.inbox or default_inbox(), console))
