@@ -99,6 +99,8 @@ class MemoryWorker:
         self._stop = threading.Event()
         self._resume = threading.Event()
         self._resume.set()
+        self._pauses = 0
+        self._pause_lock = threading.Lock()
         self._idle = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -123,13 +125,19 @@ class MemoryWorker:
         self._wake.set()
 
     def pause(self) -> None:
-        """Hold off between batches (e.g. while the engine answers a question)."""
-        self._resume.clear()
-        self.stats.paused = True
+        """Hold off between batches (e.g. while the engine answers a question). Nests: the
+        worker runs again once every pause() has had its resume()."""
+        with self._pause_lock:
+            self._pauses += 1
+            self._resume.clear()
+            self.stats.paused = True
 
     def resume(self) -> None:
-        self._resume.set()
-        self.stats.paused = False
+        with self._pause_lock:
+            self._pauses = max(0, self._pauses - 1)
+            if self._pauses == 0:
+                self._resume.set()
+                self.stats.paused = False
 
     def wait_idle(self, timeout: float = 60.0) -> bool:
         """Block until the worker found nothing left to do (True) or the timeout passed."""

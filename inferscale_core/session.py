@@ -183,6 +183,8 @@ class Session:
         hits = self.retriever.search(self.profile_id, text, self.config.k) if self.config.k else []
         history = self._history(user_turn_id)
         reply = Reply(conversation_id, mode=self.config.mode, user_turn_id=user_turn_id)
+        injected: list[InjectedFact] = []
+        injected_keys: list[str] = []
         if self.config.mode == "prompt":
             memory = [MemoryFact(h.fact.text, h.fact.refers_to) for h in hits]
             prompt = self.builder.prompt_injection_ids(memory, text, history)
@@ -193,6 +195,8 @@ class Session:
             ]
         else:
             entries, lines, reply.facts = self._plan(hits)
+            injected = [f for f in reply.facts if f.how == "injected"]
+            injected_keys = [key for key, _ in entries]
             prompt = self.builder.compose(entries, text, history, self.config.w, lines)
         if self.worker is not None:
             self.worker.pause()
@@ -208,6 +212,9 @@ class Session:
         if reply.result is not None and reply.result.refused:
             for fact in reply.facts:
                 fact.how = "text" if fact.how == "injected" else fact.how
+        elif reply.result is not None:
+            for fact, key in zip(injected, injected_keys, strict=True):
+                fact.tier = reply.result.entry_tiers.get(key)
         reply.assistant_turn_id = self.factlog.append_turn(
             conversation_id, Turn("assistant", reply.text.strip(), datetime.now(UTC))
         )

@@ -119,6 +119,7 @@ class GenerationResult:
     prefix_cached_tokens: int = 0  # of those, found in vLLM's own prefix cache
     injected_tokens: int = 0  # of those, written by the connector from the KV store
     injected_entries: list[str] = field(default_factory=list)  # entry keys of the request
+    entry_tiers: dict[str, str] = field(default_factory=dict)  # entry key -> tier it came from
     refused: str | None = None  # why the connector did not inject, if it did not
 
     @property

@@ -84,13 +84,21 @@ def test_scripted_conversation_injects_remembered_facts(session):
     assert cat.id in reply.injected_fact_ids
     assert reply.result.injected_tokens > 0 and reply.result.refused is None
     assert all(f.how == "injected" for f in reply.facts)  # everything was encoded by now
+    assert {f.tier for f in reply.facts} <= {"device", "host", "disk"}
     print(f"answer: {reply.text!r}; injected facts: {reply.injected_fact_ids}")
 
 
 QUERIES = [
-    "What is the name of my cat?", "Tell me about my pet.", "Which animal did I adopt?",
-    "Do I have a cat?", "What colour is Miso?", "Where did my cat come from?",
-    "What pets do I have?", "Remind me about the shelter.", "Miso", "my grey cat",
+    "What is the name of my cat?",
+    "Tell me about my pet.",
+    "Which animal did I adopt?",
+    "Do I have a cat?",
+    "What colour is Miso?",
+    "Where did my cat come from?",
+    "What pets do I have?",
+    "Remind me about the shelter.",
+    "Miso",
+    "my grey cat",
 ]
 
 
@@ -116,3 +124,23 @@ def test_forgotten_fact_is_never_retrieved_or_injected_again(session):
         assert session.builder.store.where(key) == []
     assert session.factlog.kv_locations(cat.id) == []
     assert [a.action for a in session.factlog.audit(session.profile_id, cat.id)][-1] == "forget"
+
+
+def test_changed_encoding_is_never_injected_until_reencoded(session):
+    """After a change of encoding (here w; a new model fingerprint works the same way) the old
+    entries are stale: facts go in as text until the worker has re-encoded them."""
+    conversation = session.new_conversation("re-encoding")
+    question = "Where does my sister live now?"
+    new_w = session.config.w + 1
+    session.worker.pause()
+    try:
+        session.config.w = session.worker.w = new_w
+        reply = session.ask_all(conversation, question)
+        assert reply.facts and reply.injected_fact_ids == []
+        assert all(f.how == "text" for f in reply.facts)
+    finally:
+        session.worker.resume()
+    assert session.worker.wait_idle(timeout=300), session.worker.stats
+    reply = session.ask_all(conversation, question)
+    assert reply.facts and all(f.how == "injected" for f in reply.facts)
+    assert reply.result.injected_tokens > 0

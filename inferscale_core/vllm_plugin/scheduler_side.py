@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from inferscale_core.kvstore import KVStore
@@ -23,6 +23,7 @@ class _RequestState:
     refused: str | None = None
     loaded_tokens: int = 0
     computed_before: int = 0
+    tiers: dict[str, str] = field(default_factory=dict)  # entry key -> fastest tier holding it
 
 
 class InjectionScheduler:
@@ -60,6 +61,8 @@ class InjectionScheduler:
             self._requests.pop(request.request_id, None)
             return 0, False
         state.plan = plan
+        # Where each entry is now, as this process's store sees it (for the memory panel).
+        state.tiers = {key: (self.store.where(key) or ["missing"])[0] for key in plan.entry_keys}
         return plan.num_tokens, False
 
     def update_state_after_alloc(
@@ -93,5 +96,6 @@ class InjectionScheduler:
             "span_end": state.plan.end if state.plan else None,
             "entries": state.plan.entry_keys if state.plan else [],
             "refused": state.refused,
+            "tiers": state.tiers,
         }
         return False, {"inferscale_report": report}

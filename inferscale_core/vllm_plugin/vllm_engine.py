@@ -228,4 +228,5 @@ def _absorb(result: GenerationResult, output: Any, t0: float) -> str:
             result.prefix_cached_tokens = int(report.get("computed_before") or 0)
             result.injected_entries = list(report.get("entries") or [])
             result.refused = report.get("refused")
+            result.entry_tiers = dict(report.get("tiers") or {})
     return completion.text

@@ -98,6 +98,8 @@ class InjectionWorker:
         return self._layouts
 
     def start_load_kv(self, meta: InjectionMetadata) -> None:
+        # Bring every entry of this step to the fastest tier first (async on a GPU).
+        self.store.prefetch([piece.key for op in meta.loads for piece in op.pieces])
         for op in meta.loads:
             t0 = time.perf_counter()
             self._load(op)
