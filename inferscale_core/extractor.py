@@ -170,10 +170,15 @@ def parse_operations(raw: str, similar: Sequence[Fact]) -> list[FactOp]:
     jsonschema.validate(data, FACT_OPS_SCHEMA)
     known = {fact.id for fact in similar}
     ops = []
+    targeted: set[int] = set()
     for item in data["operations"]:
-        target = item.get("target_id")
-        if item["op"] in ("update", "delete") and target not in known:
-            raise InvalidOperations(f"{item['op']} targets unknown fact {target}")
+        target = item.get("target_id") if item["op"] != "add" else None
+        if item["op"] in ("update", "delete"):
+            if target not in known:
+                raise InvalidOperations(f"{item['op']} targets unknown fact {target}")
+            if target in targeted:
+                raise InvalidOperations(f"fact {target} is the target of two operations")
+            targeted.add(target)
         when = date.fromisoformat(item["date"]) if item.get("date") else None
         ops.append(FactOp(item["op"], " ".join(item["text"].split()), when, target))
     return ops

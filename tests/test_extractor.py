@@ -80,6 +80,12 @@ def test_parse_operations_validates_schema_and_targets():
         FactOp("update", "I live in Lisbon.", date(2023, 5, 8), 7),
         FactOp("add", "I have a cat named Miso.", None, None),
     ]
+    twice = json.dumps({"operations": [
+        {"op": "update", "text": "I live in Lisbon.", "target_id": 7},
+        {"op": "delete", "text": "I live in Porto.", "target_id": 7},
+    ]})
+    with pytest.raises(InvalidOperations, match="two operations"):
+        parse_operations(twice, similar)
     bad_target = json.dumps({"operations": [{"op": "delete", "text": "xyz", "target_id": 99}]})
     with pytest.raises(InvalidOperations):
         parse_operations(bad_target, similar)

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import date
 
 import pytest
@@ -158,3 +159,35 @@ def test_encoded_fact_kv_has_the_stored_shape(runtime):
     entry = runtime.store.get(key)
     assert entry.k.shape == (30, len(ids), 3, 64)  # [layers, tokens, kv_heads, head_dim]
     assert entry.k.dtype == torch.float32
+
+
+def test_structured_extraction_on_the_real_engine(runtime):
+    """vLLM's structured output always matches the schema; what does not make sense against
+    the known facts is rejected and the deterministic extractor takes over."""
+    from datetime import datetime
+
+    import jsonschema
+
+    from inferscale_core.extractor import (
+        FACT_OPS_SCHEMA,
+        DeterministicExtractor,
+        FactOp,
+        LLMExtractor,
+        parse_operations,
+    )
+    from inferscale_core.types import Turn
+
+    extractor = LLMExtractor(runtime.engine, runtime.builder.layout.tokenizer)
+    turn = Turn(
+        "user",
+        "I moved to Lisbon last week and I love the light there.",
+        datetime(2023, 5, 8, 10, 0),
+    )
+    raw = runtime.engine.generate_json(extractor._prompt_ids(turn, []), FACT_OPS_SCHEMA)
+    jsonschema.validate(json.loads(raw), FACT_OPS_SCHEMA)
+    ops = extractor.extract(turn, [])
+    assert ops and all(isinstance(op, FactOp) and op.text for op in ops)
+    if extractor.fallbacks:  # the model's operations did not validate: deterministic instead
+        assert ops == DeterministicExtractor().extract(turn)
+    else:  # greedy decoding: the same output as above, validated
+        assert ops == parse_operations(raw, [])
