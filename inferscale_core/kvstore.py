@@ -117,6 +117,7 @@ class KVStore:
         pin_host: bool | None = None,
     ) -> None:
         self.root = Path(root)
+        self._root_str = str(self.root)
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.fingerprint = fingerprint
         pin = torch.cuda.is_available() if pin_host is None else pin_host
@@ -131,9 +132,13 @@ class KVStore:
         _sweep_temp_files(self.root)
 
     def path(self, key: str) -> Path:
-        if not key or "/" in key or "\\" in key or key.startswith("."):
+        return Path(self._file(key))
+
+    def _file(self, key: str) -> str:
+        """The entry's file as a string (the scheduler checks ~50 per request: no pathlib)."""
+        if not key or "/" in key or "\\" in key or key[0] == ".":
             raise ValueError(f"invalid entry key {key!r}")
-        return self.root / f"{key}.safetensors"
+        return f"{self._root_str}/{key}.safetensors"
 
     # ---- writes ----
     def put(self, entry: FactKV) -> Path:
@@ -168,7 +173,16 @@ class KVStore:
 
     # ---- reads ----
     def has(self, key: str) -> bool:
-        return self.path(key).exists()
+        return os.path.exists(self._file(key))
+
+    def fastest_tier(self, key: str) -> str:
+        """"device", "host" or "disk": where a read of ``key`` would be served from now."""
+        with self._lock:
+            if self.device_tier is not None and key in self.device_tier:
+                return "device"
+            if key in self.host_tier:
+                return "host"
+        return "disk"
 
     def keys(self) -> list[str]:
         return sorted(p.stem for p in self.root.glob("*.safetensors") if not p.name.startswith("."))
@@ -176,18 +190,18 @@ class KVStore:
     def header(self, key: str) -> EntryHeader:
         """The entry's header; a cached one is checked against the file (another process may
         have deleted it), so the scheduler refuses forgotten entries."""
-        path = self.path(key)
+        file = self._file(key)
         with self._lock:
             cached = self._headers.get(key)
             version = self._versions.get(key, 0)
         if cached is not None:
-            if path.exists():
+            if os.path.exists(file):
                 return cached
             with self._lock:
                 if self._versions.get(key, 0) == version:
                     self._invalidate(key)
             raise EntryMissingError(key)
-        header = _read_header(key, path)
+        header = _read_header(key, Path(file))
         with self._lock:
             if self._versions.get(key, 0) == version:
                 self._headers[key] = header
@@ -283,6 +297,31 @@ class KVStore:
                 if tier is not None and key in tier
             ]
         return [*tiers, "disk"] if self.has(key) else tiers
+
+    def demote(self, keys: Iterable[str], to: str, pin: bool | None = None) -> int:
+        """Leave ``keys`` in tier ``to`` and the slower ones only (benchmarks of the tiers).
+
+        ``to="disk"`` drops their memory copies (the files stay); ``to="host"`` drops their
+        device copies and holds them in host RAM, pinned if ``pin`` (default: the host tier's
+        own setting; pinning needs CUDA). Returns the entries' K+V bytes.
+        """
+        if to not in ("host", "disk"):
+            raise ValueError(f"demote to 'host' or 'disk', not {to!r}")
+        wanted = list(dict.fromkeys(keys))
+        with self._lock:
+            for key in wanted:
+                if self.device_tier is not None:
+                    self.device_tier.remove(key)
+                if to == "disk":
+                    self.host_tier.pop(key)
+        if to == "host":
+            pin = self.host_tier.pin if pin is None else pin
+            for key in wanted:
+                entry = self.get(key)  # from host RAM, or read into it
+                if entry.k.is_pinned() != pin:
+                    with self._lock:
+                        self.host_tier.put(to_host(entry, pin, copy=True))
+        return sum(self.header(key).nbytes for key in wanted)
 
     def stats(self) -> StoreStats:
         """Bytes and entries per tier, hits per tier, bytes per token and per fact."""

@@ -18,6 +18,7 @@ rather than the exact real-number value.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -153,12 +154,18 @@ class RopeSpec:
         )
 
 
+@functools.lru_cache(maxsize=16)
+def _inv_freq(spec: RopeSpec, device: str) -> torch.Tensor:
+    """The frequencies as a tensor on ``device``, made once (no host-to-device copy per call)."""
+    return torch.tensor(spec.inv_freq, dtype=torch.float32, device=device)
+
+
 def cos_sin(spec: RopeSpec, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 ``cos, sin`` of ``positions * inv_freq`` times ``attention_scaling``, as transformers.
 
     ``positions``: [tokens] int64. Returns two [tokens, rotary_dim // 2] fp32 tensors.
     """
-    inv_freq = torch.tensor(spec.inv_freq, dtype=torch.float32, device=positions.device)
+    inv_freq = _inv_freq(spec, str(positions.device))  # [rotary_dim // 2]
     angles = positions.float()[:, None] * inv_freq  # [tokens, rotary_dim // 2]
     return angles.cos() * spec.attention_scaling, angles.sin() * spec.attention_scaling
 
@@ -216,6 +223,42 @@ def rotate(
 ) -> torch.Tensor:
     """Apply RoPE to pre-RoPE keys: fp32 math, one rounding to ``out_dtype`` (default: input's)."""
     return _apply(k_pre, positions, spec, out_dtype, inverse=False, out=out)
+
+
+def _rotate_neox_math(
+    k: torch.Tensor,  # [..., tokens, kv_heads, head_dim]
+    cos: torch.Tensor,  # [tokens, 1, rotary_dim // 2] fp32
+    sin: torch.Tensor,  # [tokens, 1, rotary_dim // 2] fp32
+    rotary_dim: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    x = k.float()
+    half = rotary_dim // 2
+    a, b = x[..., :half], x[..., half:rotary_dim]
+    rotated = torch.cat((a * cos - b * sin, b * cos + a * sin, x[..., rotary_dim:]), dim=-1)
+    return rotated.to(out_dtype)
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_rotate_neox():
+    return torch.compile(_rotate_neox_math, dynamic=True, fullgraph=True)
+
+
+def rotate_fused(
+    k_pre: torch.Tensor,  # [..., tokens, kv_heads, head_dim] on a CUDA device
+    positions: torch.Tensor,  # [tokens] int64
+    spec: RopeSpec,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """:func:`rotate` as one fused GPU kernel (torch.compile): the keys are read once and the
+    rotated, rounded keys written once, instead of one pass per elementwise op. Same fp32 math
+    and single rounding. Falls back to :func:`rotate` for GPT-J style or off the GPU."""
+    if not spec.is_neox_style or k_pre.device.type != "cuda":
+        return rotate(k_pre, positions, spec, out_dtype=out_dtype)
+    cos, sin = cos_sin(spec, positions.to(k_pre.device))  # [tokens, rotary_dim // 2]
+    return _compiled_rotate_neox()(
+        k_pre, cos[:, None, :], sin[:, None, :], spec.rotary_dim, out_dtype
+    )
 
 
 def unrotate(

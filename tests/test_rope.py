@@ -319,3 +319,16 @@ def test_out_dtype_rounds_once(rope_type):
     assert rotate(k16, POSITIONS, spec, out_dtype=torch.float32).dtype == torch.float32
     back = unrotate(fp32, POSITIONS, spec, out_dtype=torch.bfloat16)
     assert torch.equal(back, unrotate(fp32, POSITIONS, spec).bfloat16())
+
+
+def test_fused_rotation_math_matches_rotate_within_one_rounding():
+    """The GPU path's fused kernel computes the same fp32 rotation (compiled here on CPU)."""
+    from inferscale_core.rope import _rotate_neox_math, cos_sin
+
+    spec = RopeSpec.from_hf_config(llama_config("llama3"))
+    k = torch.randn(3, 40, 2, spec.head_dim)
+    positions = torch.arange(1000, 1040)
+    cos, sin = cos_sin(spec, positions)
+    compiled = torch.compile(_rotate_neox_math, dynamic=True, fullgraph=True)
+    fused = compiled(k, cos[:, None], sin[:, None], spec.rotary_dim, torch.float32)
+    torch.testing.assert_close(fused, rotate(k, positions, spec), atol=1e-5, rtol=1e-5)

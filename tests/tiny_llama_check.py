@@ -1,8 +1,8 @@
 """Exactness on a tiny random Llama with Llama-3.1 RoPE scaling, in its own process.
 
 A pytest session may hold one vLLM engine (the SmolLM2 one), so this check runs as a script:
-``python tests/tiny_llama_check.py WORKDIR TOKENIZER_DIR`` builds a 2-layer random Llama with
-``rope_type="llama3"``, injects k=1 and k=5 facts, and prints one JSON line with the measured
+``python tests/tiny_llama_check.py WORKDIR TOKENIZER_DIR [DTYPE]`` builds a 2-layer random Llama
+with ``rope_type="llama3"``, injects k=1 and k=5 facts, and prints one JSON line with the measured
 |Δ logprob| (k=1 vs full prefill; k=5 vs a Hugging Face forward on the same injected KV).
 """
 
@@ -50,7 +50,7 @@ def make_tiny_llama(folder: Path, tokenizer_dir: Path) -> Path:
     return folder
 
 
-def main(workdir: Path, tokenizer_dir: Path) -> dict:
+def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
     sys.path.insert(0, str(Path(__file__).parent))
     from hf_oracle import logprobs_after_injected_kv, max_logprob_delta
 
@@ -60,7 +60,8 @@ def main(workdir: Path, tokenizer_dir: Path) -> dict:
 
     model_dir = make_tiny_llama(workdir / "tiny-llama", tokenizer_dir)
     runtime = build_runtime(
-        model_dir, workdir / "kv", "You are a test model. Memory:", max_model_len=2048
+        model_dir, workdir / "kv", "You are a test model. Memory:", max_model_len=2048,
+        dtype=dtype,
     )
     builder, engine = runtime.builder, runtime.engine
     facts = [
@@ -77,6 +78,10 @@ def main(workdir: Path, tokenizer_dir: Path) -> dict:
         cache_salt="tiny-full",
     )
     inj1 = engine.generate(composed1, max_tokens=STEPS, logprobs=5)
+    full_again = engine.generate(
+        builder.prompt_injection_ids(facts[:1], question),
+        max_tokens=STEPS, logprobs=5, cache_salt="tiny-full-again",
+    )
 
     composed5 = builder.build(facts, question)
     inj5 = engine.generate(composed5, max_tokens=STEPS, logprobs=5)
@@ -92,7 +97,9 @@ def main(workdir: Path, tokenizer_dir: Path) -> dict:
     )
     return {
         "rope_type": "llama3",
+        "dtype": dtype,
         "k1_delta": max_logprob_delta(full.logprobs, inj1.logprobs),
+        "two_full_prefills_delta": max_logprob_delta(full.logprobs, full_again.logprobs),
         "k1_same_tokens": full.token_ids == inj1.token_ids,
         "k1_injected": inj1.injected_tokens,
         "k1_span_end": composed1.span_end,
@@ -105,4 +112,5 @@ def main(workdir: Path, tokenizer_dir: Path) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(Path(sys.argv[1]), Path(sys.argv[2]))))
+    dtype = sys.argv[3] if len(sys.argv) > 3 else "auto"
+    print(json.dumps(main(Path(sys.argv[1]), Path(sys.argv[2]), dtype)))

@@ -77,6 +77,11 @@ class InferScaleConnector(KVConnectorBase_V1):
         if meta.loads:
             self._worker.start_load_kv(meta)
 
+    @property
+    def worker(self) -> InjectionWorker | None:
+        """The worker side (None in the scheduler's role)."""
+        return self._worker
+
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads are synchronous and complete before the forward
 
@@ -110,3 +115,13 @@ class InferScaleConnector(KVConnectorBase_V1):
     ) -> tuple[bool, dict[str, Any] | None]:
         assert self._scheduler is not None
         return self._scheduler.request_finished(request)
+
+
+def in_process_worker() -> InjectionWorker | None:
+    """This process's worker side, when vLLM runs in-process (benchmarks read its timings)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if not has_kv_transfer_group():
+        return None
+    connector = get_kv_transfer_group()
+    return connector.worker if isinstance(connector, InferScaleConnector) else None

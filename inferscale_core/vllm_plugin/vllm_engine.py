@@ -34,6 +34,8 @@ class EngineOptions:
     seed: int = 0
     kv_write: str = "backend"  # "torch": write known GPU layouts with torch indexing
     extra: dict[str, Any] = field(default_factory=dict)  # more LLM(...) keyword arguments
+    # more connector settings (kv_connector_extra_config), e.g. the store's gpu_bytes/host_bytes
+    connector_extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _prepare_environment(options: EngineOptions) -> bool:
@@ -83,6 +85,7 @@ class VllmEngine:
                     "store_path": str(options.store_path),
                     "fingerprint": options.fingerprint,
                     "kv_write": options.kv_write,
+                    **options.connector_extra,
                 },
             ),
         )
@@ -113,6 +116,7 @@ class VllmEngine:
         logprobs: int | None,
         stop: Sequence[str] | None,
         prompt_logprobs: int | None,
+        ignore_eos: bool = False,
     ) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -124,9 +128,29 @@ class VllmEngine:
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             stop=list(stop) if stop else None,
+            ignore_eos=ignore_eos,
             output_kind=RequestOutputKind.DELTA,
             extra_args=extra,
         )
+
+    def _request(
+        self,
+        prompt: ComposedPrompt | Sequence[int],
+        inject: bool,
+        cache_salt: str | None,
+        **sampling: Any,
+    ) -> tuple[str, dict[str, Any], Any, GenerationResult]:
+        """``(request id, tokens prompt, sampling params, empty result)`` of one request."""
+        composed = prompt if isinstance(prompt, ComposedPrompt) else None
+        prompt_ids = list(composed.prompt_ids) if composed else list(prompt)  # type: ignore[arg-type]
+        kv_params = composed.kv_transfer_params(self.fingerprint) if composed and inject else None
+        salt = cache_salt if cache_salt is not None else (composed.cache_salt if composed else None)
+        tokens_prompt: dict[str, Any] = {"prompt_token_ids": prompt_ids}
+        if salt:
+            tokens_prompt["cache_salt"] = salt
+        params = self._sampling_params(kv_params, **sampling)
+        request_id = f"inferscale-{next(self._ids)}"
+        return request_id, tokens_prompt, params, GenerationResult(request_id, len(prompt_ids))
 
     def stream(
         self,
@@ -139,6 +163,7 @@ class VllmEngine:
         stop: Sequence[str] | None = None,
         cache_salt: str | None = None,
         prompt_logprobs: int | None = None,
+        ignore_eos: bool = False,
     ) -> Iterator[tuple[str, GenerationResult]]:
         """Yield ``(text delta, running result)`` as tokens arrive; the last result is final.
 
@@ -146,18 +171,17 @@ class VllmEngine:
         token ids (prompt injection / no memory). TTFT is measured from submission to the
         first streamed token.
         """
-        composed = prompt if isinstance(prompt, ComposedPrompt) else None
-        prompt_ids = list(composed.prompt_ids) if composed else list(prompt)  # type: ignore[arg-type]
-        kv_params = composed.kv_transfer_params(self.fingerprint) if composed and inject else None
-        salt = cache_salt if cache_salt is not None else (composed.cache_salt if composed else None)
-        tokens_prompt: dict[str, Any] = {"prompt_token_ids": prompt_ids}
-        if salt:
-            tokens_prompt["cache_salt"] = salt
-        params = self._sampling_params(
-            kv_params, max_tokens, temperature, logprobs, stop, prompt_logprobs
+        request_id, tokens_prompt, params, result = self._request(
+            prompt,
+            inject,
+            cache_salt,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            logprobs=logprobs,
+            stop=stop,
+            prompt_logprobs=prompt_logprobs,
+            ignore_eos=ignore_eos,
         )
-        request_id = f"inferscale-{next(self._ids)}"
-        result = GenerationResult(request_id=request_id, prompt_tokens=len(prompt_ids))
         with self._lock:
             t0 = time.perf_counter()
             self._engine.add_request(request_id, tokens_prompt, params)
@@ -172,6 +196,52 @@ class VllmEngine:
             except BaseException:  # cancelled (GeneratorExit) or failed: free its blocks
                 self._engine.abort_request([request_id])
                 raise
+
+    def generate_batch(
+        self,
+        prompts: Sequence[ComposedPrompt | Sequence[int]],
+        *,
+        inject: bool = True,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        logprobs: int | None = None,
+        cache_salt: str | None = None,
+        ignore_eos: bool = False,
+    ) -> list[GenerationResult]:
+        """Submit every prompt at once and step until all finish (concurrent users).
+
+        The engine schedules them together, as a server would; each result's ``ttft_s`` and
+        ``total_s`` count from the moment the whole batch was submitted. Results come back in
+        the order of ``prompts``.
+        """
+        requests = [
+            self._request(
+                prompt,
+                inject,
+                cache_salt,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                logprobs=logprobs,
+                stop=None,
+                prompt_logprobs=None,
+                ignore_eos=ignore_eos,
+            )
+            for prompt in prompts
+        ]
+        results = {request_id: result for request_id, _, _, result in requests}
+        with self._lock:
+            t0 = time.perf_counter()
+            for request_id, tokens_prompt, params, _ in requests:
+                self._engine.add_request(request_id, tokens_prompt, params)
+            try:
+                while self._engine.has_unfinished_requests():
+                    for output in self._engine.step():
+                        if output.request_id in results:
+                            _absorb(results[output.request_id], output, t0)
+            except BaseException:
+                self._engine.abort_request(list(results))
+                raise
+        return [result for _, _, _, result in requests]
 
     def generate_json(
         self, prompt_ids: Sequence[int], schema: dict[str, Any], max_tokens: int = 256

@@ -1,0 +1,342 @@
+"""GPU suite: KV injection vs prompt injection on a Llama-3.1-8B-shaped engine (vLLM 0.26).
+
+``python -m inferscale_core.bench.gpu_suite OUT_DIR`` (see ``gpu_run.sh`` beside it) builds
+one engine with dummy weights (latency does not depend on weight values), fills the KV store
+with synthetic pre-RoPE entries (random K/V, random token ids: the connector checks ids, not
+meaning), and measures in that one engine and run:
+
+* TTFT for k in {0, 5, 15, 25, 50, 100} facts of 55 tokens + a 64-token question: injection,
+  prompt injection with prefix caching on (fresh facts every run), and the warm identical prompt
+  (prefix caching's best case); first streamed token, and ``LLM.generate`` wall time;
+* the connector's own load time per request (GPU-pool tier and host tier);
+* throughput of 100 concurrent users, k=50 each (distinct sets), 32 output tokens.
+
+Results go to ``OUT_DIR/gpu_suite.json``. Exactness on the GPU is checked separately on a tiny
+random Llama (``tests/tiny_llama_check.py --dtype bfloat16``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from inferscale_core.composer import ComposedPrompt, PlacedEntry, entry_key
+from inferscale_core.fingerprint import model_fingerprint
+from inferscale_core.kvstore import open_shared
+from inferscale_core.types import FactKV
+
+LLAMA_31_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rope_theta": 500000.0,
+    "rope_scaling": {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "torch_dtype": "bfloat16",
+}
+FACT_TOKENS, QUESTION_TOKENS, PREFIX_TOKENS = 55, 64, 32
+KS = (0, 5, 15, 25, 50, 100)
+
+
+def write_dummy_model(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(LLAMA_31_8B, indent=1))
+    return folder
+
+
+def _ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(1000, 120000) for _ in range(n)]
+
+
+def _entry(key: str, ids: list[int], fingerprint: str, gen: torch.Generator) -> FactKV:
+    shape = (LLAMA_31_8B["num_hidden_layers"], len(ids), 8, 128)  # [layers, tokens, heads, dim]
+    k = torch.randn(shape, generator=gen).to(torch.bfloat16)
+    v = torch.randn(shape, generator=gen).to(torch.bfloat16)
+    return FactKV(key, ids, k, v, fingerprint)
+
+
+class Suite:
+    def __init__(self, out: Path, pool_size: int = 260, gpu_pool_gib: float = 4.0) -> None:
+        from inferscale_core.vllm_plugin.vllm_engine import EngineOptions, VllmEngine
+
+        self.out = out
+        self.rng = random.Random(0)
+        model = write_dummy_model(Path("/tmp/inferscale-llama8b"))
+        self.fingerprint = model_fingerprint(model)
+        store_root = Path("/tmp/inferscale-gpu-kv") / self.fingerprint
+        gpu_bytes = int(gpu_pool_gib * (1 << 30))
+        self.store = open_shared(store_root, host_bytes=16 << 30, gpu_bytes=gpu_bytes)
+        gen = torch.Generator().manual_seed(0)
+        self.prefix_ids = _ids(self.rng, PREFIX_TOKENS)
+        self.prefix_key = entry_key("prefix", self.fingerprint, tuple(self.prefix_ids))
+        self.store.put(_entry(self.prefix_key, self.prefix_ids, self.fingerprint, gen))
+        self.pool: list[tuple[str, list[int]]] = []
+        t0 = time.perf_counter()
+        for i in range(pool_size):
+            ids = _ids(self.rng, FACT_TOKENS)
+            key = entry_key("fact", self.fingerprint, i, tuple(ids))
+            self.store.put(_entry(key, ids, self.fingerprint, gen))
+            self.pool.append((key, ids))
+        self.store_fill_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        self.engine = VllmEngine(
+            EngineOptions(
+                model,
+                store_root,
+                self.fingerprint,
+                dtype="bfloat16",
+                max_model_len=8192,
+                gpu_memory_utilization=0.5,
+                extra={"load_format": "dummy", "skip_tokenizer_init": True},
+                connector_extra={"gpu_bytes": gpu_bytes, "host_bytes": 16 << 30},
+            )
+        )
+        self.engine_start_s = time.perf_counter() - t0
+
+    def request(self, k: int) -> ComposedPrompt:
+        facts = self.rng.sample(self.pool, k)
+        ids = list(self.prefix_ids)
+        entries = [PlacedEntry(self.prefix_key, 0, len(ids))]
+        for key, fact_ids in facts:
+            entries.append(PlacedEntry(key, len(ids), len(ids) + len(fact_ids)))
+            ids.extend(fact_ids)
+        ids.extend(_ids(self.rng, QUESTION_TOKENS))
+        return ComposedPrompt(ids, entries, [key for key, _ in facts], "gpu-suite")
+
+    def _ttft(self, prompt: Any) -> tuple[float, Any]:
+        result = self.engine.generate(prompt, max_tokens=1)
+        return result.ttft_s, result
+
+    def _llm_generate_wall(self, prompt_ids: list[int], kv_params: dict | None) -> float:
+        from vllm import SamplingParams
+
+        extra = {"kv_transfer_params": kv_params} if kv_params else None
+        params = SamplingParams(max_tokens=1, temperature=0.0, extra_args=extra)
+        prompt: dict[str, Any] = {"prompt_token_ids": prompt_ids}
+        if kv_params:
+            prompt["cache_salt"] = "gpu-suite"
+        t0 = time.perf_counter()
+        self.engine.llm.generate([prompt], params, use_tqdm=False)
+        return time.perf_counter() - t0
+
+    def ttft(self, runs: int = 15, warmup: int = 3) -> list[dict]:
+        for _ in range(warmup):
+            for k in (5, 50):
+                composed = self.request(k)
+                self._ttft(composed)
+                self._ttft(composed.prompt_ids)
+        rows = []
+        for k in KS:
+            cells: dict[str, list[float]] = {m: [] for m in ("inject", "prompt", "prompt_warm")}
+            walls: dict[str, list[float]] = {"inject": [], "prompt": []}
+            loaded, computed = [], []
+            warm = self.request(k).prompt_ids
+            self._ttft(warm)  # prime the prefix cache with the identical prompt
+            for _ in range(runs):
+                composed = self.request(k)
+                ttft, result = self._ttft(composed)
+                assert result.refused is None, result.refused
+                cells["inject"].append(ttft)
+                loaded.append(result.injected_tokens)
+                computed.append(result.computed_tokens)
+                cells["prompt"].append(self._ttft(self.request(k).prompt_ids)[0])
+                cells["prompt_warm"].append(self._ttft(warm)[0])
+                walls["inject"].append(
+                    self._llm_generate_wall(
+                        (c := self.request(k)).prompt_ids, c.kv_transfer_params(self.fingerprint)
+                    )
+                )
+                walls["prompt"].append(self._llm_generate_wall(self.request(k).prompt_ids, None))
+            for mode, values in cells.items():
+                rows.append(
+                    {
+                        "k": k,
+                        "mode": mode,
+                        "runs": runs,
+                        "prompt_tokens": PREFIX_TOKENS + k * FACT_TOKENS + QUESTION_TOKENS,
+                        "ttft_s_median": statistics.median(values),
+                        "ttft_s_p90": _p90(values),
+                        "samples": values,
+                        "generate_wall_s_median": (
+                            statistics.median(walls[mode]) if mode in walls else None
+                        ),
+                        "injected_tokens_median": statistics.median(loaded)
+                        if mode == "inject"
+                        else 0,
+                        "computed_tokens_median": (
+                            statistics.median(computed) if mode == "inject" else None
+                        ),
+                    }
+                )
+            print(
+                f"k={k}: "
+                + ", ".join(f"{r['mode']} {r['ttft_s_median'] * 1e3:.1f} ms" for r in rows[-3:]),
+                flush=True,
+            )
+        return rows
+
+    def load_times(self, k: int = 50, runs: int = 10) -> dict[str, Any]:
+        """The connector's own load time at k, entries in the GPU pool vs in host RAM."""
+        from inferscale_core.vllm_plugin.connector import in_process_worker
+
+        worker = in_process_worker()
+        if worker is not None:
+            worker.sync_timing = True
+        out: dict[str, Any] = {}
+        for tier in ("device", "host"):
+            samples = []
+            for _ in range(runs):
+                composed = self.request(k)
+                keys = [e.key for e in composed.entries]
+                if tier == "device":
+                    self.store.prefetch(keys)
+                else:
+                    self.store.demote(keys, "host", pin=True)
+                self._ttft(composed)
+                samples.append(dict(worker.last_load) if worker else {})
+            out[tier] = samples
+        if worker is not None:
+            worker.sync_timing = False
+        out["pinned_h2d_gb_per_s"] = _pinned_bandwidth()
+        return out
+
+    def profile(self, k: int = 50, runs: int = 5) -> str:
+        """Where a k-fact injection request spends its time: torch.profiler + cProfile."""
+        import cProfile
+        import io
+        import pstats
+
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+
+        requests = [self.request(k) for _ in range(runs)]
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for composed in requests:
+                self._ttft(composed)
+        text = prof.key_averages().table(sort_by="cpu_time_total", row_limit=45)
+        text += "\n" + prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(runs):
+            self._ttft(self.request(k))
+        profiler.disable()
+        stream = io.StringIO()
+        pstats.Stats(profiler, stream=stream).sort_stats("cumulative").print_stats(60)
+        return text + "\n" + stream.getvalue()
+
+    def throughput(self, users: int = 100, k: int = 50, max_tokens: int = 32) -> dict[str, Any]:
+        from vllm import SamplingParams
+
+        out = {}
+        for mode in ("inject", "prompt"):
+            requests = [self.request(k) for _ in range(users)]
+            engine = self.engine._engine
+            first: dict[str, float] = {}
+            t0 = time.perf_counter()
+            for i, composed in enumerate(requests):
+                extra = None
+                prompt: dict[str, Any] = {"prompt_token_ids": composed.prompt_ids}
+                if mode == "inject":
+                    extra = {"kv_transfer_params": composed.kv_transfer_params(self.fingerprint)}
+                    prompt["cache_salt"] = "gpu-suite"
+                params = SamplingParams(
+                    max_tokens=max_tokens,
+                    min_tokens=max_tokens,
+                    temperature=0.0,
+                    extra_args=extra,
+                    ignore_eos=True,
+                )
+                engine.add_request(f"tput-{mode}-{i}", prompt, params)
+            done = 0
+            while engine.has_unfinished_requests():
+                for output in engine.step():
+                    now = time.perf_counter() - t0
+                    if output.outputs and output.outputs[0].token_ids:
+                        first.setdefault(output.request_id, now)
+                    done += int(output.finished)
+            wall = time.perf_counter() - t0
+            ttfts = sorted(first.values())
+            out[mode] = {
+                "users": users,
+                "k": k,
+                "max_tokens": max_tokens,
+                "wall_s": wall,
+                "requests_per_s": users / wall,
+                "ttft_s_p50": statistics.median(ttfts),
+                "ttft_s_p90": _p90(ttfts),
+                "finished": done,
+            }
+            print(f"throughput {mode}: {users / wall:.1f} req/s", flush=True)
+        return out
+
+
+def _pinned_bandwidth(nbytes: int = 360 << 20, runs: int = 5) -> float:
+    """Measured pinned host -> device copy bandwidth (GB/s): the floor of the host tier."""
+    src = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(runs):
+        dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    return nbytes * runs / (time.perf_counter() - t0) / 1e9
+
+
+def _p90(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
+
+
+def main(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"bench": "gpu_suite", "device": torch.cuda.get_device_name()}
+    suite = Suite(out)
+    result.update(store_fill_s=suite.store_fill_s, engine_start_s=suite.engine_start_s)
+    print(f"engine up in {suite.engine_start_s:.1f} s", flush=True)
+    result["ttft"] = suite.ttft()
+    (out / "gpu_suite.json").write_text(json.dumps(result, indent=1))
+    result["load_times"] = suite.load_times()
+    from inferscale_core.vllm_plugin.connector import in_process_worker
+
+    worker = in_process_worker()
+    if worker is not None and os.environ.get("SUITE_UNFUSED", "1") == "1":
+        worker.fused_rope = False  # the same with the unfused rotation, for comparison
+        result["load_times_unfused"] = suite.load_times(runs=5)
+        worker.fused_rope = True
+    if os.environ.get("SUITE_PROFILE", "1") == "1":
+        (out / "profile.txt").write_text(suite.profile())
+    (out / "gpu_suite.json").write_text(json.dumps(result, indent=1))
+    result["throughput"] = suite.throughput()
+    result["store_stats"] = repr(suite.store.stats())
+    (out / "gpu_suite.json").write_text(json.dumps(result, indent=1))
+    print("wrote", out / "gpu_suite.json", flush=True)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
