@@ -156,6 +156,7 @@ class MemoryWorker:
                     break
                 try:
                     did = self._extract_batch(factlog) + self._encode_batch(factlog)
+                    self._refresh_counts(factlog)
                 except Exception as exc:  # keep the thread alive; report it
                     self.stats.errors += 1
                     self.stats.last_error = f"{type(exc).__name__}: {exc}"
@@ -163,7 +164,6 @@ class MemoryWorker:
                     did = 0
                     self._stop.wait(self.poll_seconds)
                 if did == 0:
-                    self._refresh_counts(factlog)
                     self._idle.set()
                     self._wake.wait(self.poll_seconds)
                     self._wake.clear()

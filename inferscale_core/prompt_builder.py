@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
+from pathlib import Path
 
 from inferscale_core.composer import ChatLayout, ComposedPrompt, entry_key, fact_line
 from inferscale_core.encoder import ENCODER_VERSION, HFReferenceEncoder
@@ -36,6 +37,22 @@ class PromptBuilder:
         self.store = store
         self.fingerprint = encoder.fingerprint
         self.prefix_key = layout.prefix_key(self.fingerprint)
+
+    @classmethod
+    def for_model(
+        cls, model_dir: Path, store_root: Path, system_prompt: str, gpu_bytes: int = 0
+    ) -> PromptBuilder:
+        """The builder of a local model folder: its chat layout, a reference encoder, and the
+        process's KV store in ``store_root/<model fingerprint>`` (no inference engine needed)."""
+        from transformers import AutoTokenizer
+
+        from inferscale_core.fingerprint import model_fingerprint
+        from inferscale_core.kvstore import open_shared
+
+        fingerprint = model_fingerprint(model_dir)
+        store = open_shared(Path(store_root) / fingerprint, gpu_bytes=gpu_bytes)
+        layout = ChatLayout(AutoTokenizer.from_pretrained(str(model_dir)), system_prompt)
+        return cls(layout, HFReferenceEncoder(model_dir, fingerprint), store)
 
     def cache_salt(self, w: int) -> str:
         """Keeps this encoding's KV apart from any other in vLLM's prefix cache."""

@@ -7,10 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inferscale_core.composer import ChatLayout
-from inferscale_core.encoder import HFReferenceEncoder
-from inferscale_core.fingerprint import model_fingerprint
-from inferscale_core.kvstore import KVStore, open_shared
+from inferscale_core.kvstore import KVStore
 from inferscale_core.prompt_builder import PromptBuilder
 from inferscale_core.vllm_plugin.vllm_engine import EngineOptions, VllmEngine
 
@@ -32,13 +29,9 @@ def build_runtime(
     **engine_options: Any,
 ) -> Runtime:
     """Everything needed to answer with injected memories (store in ``store_root/<fp>``)."""
-    from transformers import AutoTokenizer
-
-    fingerprint = model_fingerprint(model_dir)
-    store = open_shared(Path(store_root) / fingerprint)
-    layout = ChatLayout(AutoTokenizer.from_pretrained(str(model_dir)), system_prompt)
     on_step("loading the encoder")
-    builder = PromptBuilder(layout, HFReferenceEncoder(model_dir, fingerprint), store)
+    builder = PromptBuilder.for_model(model_dir, store_root, system_prompt)
+    store, fingerprint = builder.store, builder.fingerprint
     on_step("starting the engine")
     engine = VllmEngine(EngineOptions(model_dir, store.root, fingerprint, **engine_options))
     on_step("warming up the engine")
