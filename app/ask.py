@@ -9,6 +9,7 @@ from datetime import date
 from rich.console import Console
 from rich.table import Table
 
+from app.user_config import load_config
 from inferscale_core.prompt_builder import MemoryFact
 
 
@@ -99,7 +100,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="a memory to inject (repeatable; an optional leading ISO date is the date it"
         " refers to)",
     )
-    ask.add_argument("--model", help="local Hugging Face model folder (default: embedded SmolLM2)")
+    ask.add_argument(
+        "--model", help="local Hugging Face model folder (default: the config's, else SmolLM2)"
+    )
     ask.add_argument("--max-tokens", type=int, default=128, help="answer length limit (128)")
     ask.add_argument(
         "--prompt-injection",
@@ -115,10 +118,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:
+    config = load_config(console)
+    if config is None:
+        return 2
     return run_ask(
         args.question,
         [_parse_fact(f) for f in args.fact],
-        model=args.model,
+        model=args.model or config.model,
         max_tokens=args.max_tokens,
         prompt_injection=args.prompt_injection,
         verbose=args.verbose,

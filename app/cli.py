@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
-from app import ask, bench_cmd, import_cmd
+from app import ask, bench_cmd, chat_cmd, doctor, import_cmd, memory_cmd
 
 DESCRIPTION = """\
 A private, local, long-term assistant. Memories are kept as pre-RoPE KV tensors and injected
@@ -23,10 +23,14 @@ many memories it uses. Nothing leaves this machine: no model hub, no telemetry.
 
 EPILOG = """\
 examples:
+  inferscale-assistant                      # the chat (same as `inferscale-assistant chat`)
   inferscale-assistant ask "What is the capital of France?"
   inferscale-assistant ask --fact "2023-05-08 I adopted a cat named Miso" "What is my cat called?"
   inferscale-assistant import ~/Downloads/conversations.json
   inferscale-assistant bench ttft --k 0,5,20,50 --runs 5 --json ttft.json
+  inferscale-assistant memory search cat
+  inferscale-assistant memory forget 12
+  inferscale-assistant doctor
   inferscale-assistant models prepare
 """
 
@@ -59,7 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="show engine logs")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for register in (ask.register, import_cmd.register, bench_cmd.register, _register_models):
+    for register in (
+        chat_cmd.register,
+        ask.register,
+        import_cmd.register,
+        memory_cmd.register,
+        bench_cmd.register,
+        doctor.register,
+        _register_models,
+    ):
         register(sub)
     return parser
 
@@ -68,9 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     console = Console(stderr=True)
-    if args.command is None:
-        parser.print_help()
-        return 0
+    if args.command is None:  # no command: the chat
+        args = parser.parse_args([*(["--verbose"] if args.verbose else []), "chat"])
     from inferscale_core.models import ModelSetupError, enforce_offline
 
     enforce_offline()

@@ -1,7 +1,7 @@
 """``inferscale-assistant import PATH`` and ``inferscale-assistant watch [INBOX]``.
 
-Both use the fact log at ``data_dir()/memory.db`` and the profile "default". Files directly in
-the inbox (``data_dir()/inbox`` unless ``watch`` is given another) are moved to its
+Both use the fact log at ``data_dir()/memory.db`` and the config's profile ("default"). Files
+directly in the inbox (``data_dir()/inbox`` unless ``watch`` is given another) are moved to its
 ``imported/`` or ``quarantine/`` folder; files named elsewhere are only read.
 """
 
@@ -23,6 +23,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from app.user_config import load_config
 from inferscale_core import paths
 from inferscale_core.factlog import FactLog
 from inferscale_core.importer import (
@@ -47,10 +48,10 @@ def default_inbox() -> Path:
     return paths.data_dir() / "inbox"
 
 
-def run_import(path: Path, console: Console) -> int:
+def run_import(path: Path, console: Console, profile: str = PROFILE) -> int:
     """Import a file or a folder; 0 when no file was quarantined, else 1."""
     with FactLog.open(memory_db()) as log:
-        importer = Importer(log, log.profile(PROFILE), default_inbox())
+        importer = Importer(log, log.profile(profile), default_inbox())
         with Progress(
             SpinnerColumn(),
             TextColumn("{task.description}"),
@@ -65,13 +66,13 @@ def run_import(path: Path, console: Console) -> int:
     return 1 if report.quarantined else 0
 
 
-def run_watch(inbox: Path, console: Console) -> int:
+def run_watch(inbox: Path, console: Console, profile: str = PROFILE) -> int:
     """Import what lands in ``inbox`` until Ctrl-C; one line per file."""
     inbox = Path(inbox).expanduser()
 
     def make_importer() -> Importer:
         log = FactLog.open(memory_db())
-        return Importer(log, log.profile(PROFILE), inbox)
+        return Importer(log, log.profile(profile), inbox)
 
     def on_error(path: Path, exc: Exception) -> None:
         console.print(f"[red]error[/red] {escape(path.name)}: {escape(str(exc))} (left in place)")
@@ -178,7 +179,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         " files are reported with the reason (and quarantined when they come from the inbox).",
     )
     imp.add_argument("path", type=Path, help="an export file or a folder of them")
-    imp.set_defaults(func=lambda args, console: run_import(args.path, console))
+    imp.add_argument(
+        "--encode",
+        action="store_true",
+        help="then extract facts from the new turns and encode their KV now, with progress"
+        " (otherwise the assistant does it in the background when it runs)",
+    )
+    imp.set_defaults(func=_run_import)
     watch = sub.add_parser(
         "watch",
         help="watch a folder and import every export dropped into it",
@@ -186,4 +193,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         " files move to INBOX/imported/, bad ones to INBOX/quarantine/ with a .reason.txt.",
     )
     watch.add_argument("inbox", type=Path, nargs="?", help="the folder (default: the data inbox)")
-    watch.set_defaults(func=lambda args, console: run_watch(args.inbox or default_inbox(), console))
+    watch.set_defaults(func=_run_watch)
+
+
+def _run_import(args: argparse.Namespace, console: Console) -> int:
+    config = load_config(console)
+    if config is None:
+        return 2
+    code = run_import(args.path, console, config.profile)
+    if not args.encode:
+        return code
+    from app.encode_progress import encode_pending
+
+    return max(code, encode_pending(config, console))
+
+
+def _run_watch(args: argparse.Namespace, console: Console) -> int:
+    config = load_config(console)
+    if config is None:
+        return 2
+    return run_watch(args.inbox or default_inbox(), console, config.profile)

@@ -9,6 +9,7 @@ are never used as pre-RoPE. This path is simple and exact; it is the oracle for 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,7 +21,12 @@ ENCODER_VERSION = "hf-hooks/1"
 
 
 class HFReferenceEncoder:
-    """Encodes entries with a Hugging Face copy of the model (fp32 by default)."""
+    """Encodes entries with a Hugging Face copy of the model (fp32 by default).
+
+    Thread-safe: the K/V are captured by forward hooks on the shared model, so one lock
+    serialises the passes (the memory worker and the chat thread's prefix encoding may
+    otherwise interleave and capture each other's tensors).
+    """
 
     def __init__(
         self,
@@ -37,6 +43,7 @@ class HFReferenceEncoder:
             str(model_dir), dtype=dtype, attn_implementation="eager"
         ).to(device)
         self.model.eval()
+        self._lock = threading.Lock()
         config = self.model.config
         self.num_kv_heads: int = config.num_key_value_heads
         self.head_dim: int = getattr(config, "head_dim", None) or (
@@ -69,19 +76,8 @@ class HFReferenceEncoder:
         ids = torch.zeros(len(sequences), width, dtype=torch.long)  # [batch, width]
         for row, seq in enumerate(sequences):
             ids[row, : len(seq)] = torch.tensor(seq)
-        keys: list[torch.Tensor] = []
-        values: list[torch.Tensor] = []
-        handles = []
-        for attn in self._attention_modules():
-            # Models with a k-norm (e.g. Qwen3) normalise after k_proj and before RoPE.
-            k_module = attn.k_norm if hasattr(attn, "k_norm") else attn.k_proj
-            handles.append(k_module.register_forward_hook(_capture(keys)))
-            handles.append(attn.v_proj.register_forward_hook(_capture(values)))
-        try:
-            self.model.model(input_ids=ids.to(self.device), use_cache=False)
-        finally:
-            for handle in handles:
-                handle.remove()
+        with self._lock:
+            keys, values = self._forward(ids)
         batch, layers = len(sequences), len(keys)
         k_all = torch.stack([t.reshape(batch, width, -1) for t in keys], dim=1)
         v_all = torch.stack([t.reshape(batch, width, -1) for t in values], dim=1)
@@ -95,6 +91,23 @@ class HFReferenceEncoder:
             # k, v: [layers, tokens, kv_heads, head_dim]
             out.append(FactKV(key, list(entry_ids), k, v, self.fingerprint))
         return out
+
+    def _forward(self, ids: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """One forward pass; the per-layer K (pre-RoPE) and V it computed. Hold the lock."""
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        handles = []
+        for attn in self._attention_modules():
+            # Models with a k-norm (e.g. Qwen3) normalise after k_proj and before RoPE.
+            k_module = attn.k_norm if hasattr(attn, "k_norm") else attn.k_proj
+            handles.append(k_module.register_forward_hook(_capture(keys)))
+            handles.append(attn.v_proj.register_forward_hook(_capture(values)))
+        try:
+            self.model.model(input_ids=ids.to(self.device), use_cache=False)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return keys, values
 
 
 def _capture(sink: list[torch.Tensor]):

@@ -48,7 +48,7 @@ from typing import Any
 from sqlite_utils import Database
 
 from inferscale_core.migrations import migrate
-from inferscale_core.types import AuditEntry, Conversation, Fact, Turn
+from inferscale_core.types import AuditEntry, Conversation, ConversationInfo, Fact, Turn
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +95,12 @@ def _refers_to_text(refers_to: date | str | None) -> str | None:
     if isinstance(refers_to, str):
         refers_to = date.fromisoformat(refers_to)
     return refers_to.isoformat()
+
+
+def _like(text: str) -> str:
+    """A LIKE pattern matching ``text`` anywhere (``%``, ``_`` and ``\\`` taken literally)."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
 
 
 def _fact_from_row(row: Sequence[Any]) -> Fact:
@@ -159,6 +165,12 @@ class FactLog:
 
     def close(self) -> None:
         self.db.close()
+
+    @property
+    def path(self) -> Path | None:
+        """The database file (None for an in-memory log)."""
+        row = self.db.execute("PRAGMA database_list").fetchone()
+        return Path(row[2]) if row is not None and row[2] else None
 
     def __enter__(self) -> FactLog:
         return self
@@ -317,6 +329,83 @@ class FactLog:
             (turn_id, w),
         ).fetchall()
         return [Turn(r[0], r[1], _parse_dt(r[2]), r[3]) for r in reversed(rows)]
+
+    def conversations(
+        self, profile_id: int, query: str = "", limit: int | None = None
+    ) -> list[ConversationInfo]:
+        """The profile's conversations, most recently active first (new, empty ones on top).
+
+        ``query`` keeps those whose title or any turn contains it (case-insensitive for ASCII).
+        """
+        sql = (
+            "SELECT c.id, c.title, c.source, c.created_at, count(t.id), max(t.id)"
+            " FROM conversations c LEFT JOIN turns t ON t.conversation_id = c.id"
+            " WHERE c.profile_id = ?"
+        )
+        params: list[Any] = [profile_id]
+        if query.strip():
+            pattern = _like(query.strip())
+            sql += (
+                " AND (c.title LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM turns m"
+                " WHERE m.conversation_id = c.id AND m.text LIKE ? ESCAPE '\\'))"
+            )
+            params += [pattern, pattern]
+        # A conversation without turns yet was just started: it goes first.
+        sql += " GROUP BY c.id ORDER BY count(t.id) = 0 DESC, max(t.id) DESC, c.id DESC LIMIT ?"
+        params.append(-1 if limit is None else limit)
+        return [
+            ConversationInfo(r[0], r[1], r[2], datetime.fromisoformat(r[3]), r[4], r[5])
+            for r in self.db.execute(sql, params).fetchall()
+        ]
+
+    def conversation_turns(self, conversation_id: int) -> list[tuple[int, Turn]]:
+        """The turns of a conversation as ``(turn_id, Turn)``, in order."""
+        rows = self.db.execute(
+            "SELECT id, speaker, text, timestamp, source_id FROM turns"
+            " WHERE conversation_id = ? ORDER BY idx",
+            (conversation_id,),
+        ).fetchall()
+        return [(r[0], Turn(r[1], r[2], _parse_dt(r[3]), r[4])) for r in rows]
+
+    def get_turns(self, turn_ids: Iterable[int]) -> list[tuple[int, Turn]]:
+        """The turns with these ids (e.g. a fact's ``source_turn_ids``), by id."""
+        ids = sorted({int(t) for t in turn_ids})
+        if not ids:
+            return []
+        rows = self.db.execute(
+            "SELECT id, speaker, text, timestamp, source_id FROM turns"
+            f" WHERE id IN ({','.join('?' * len(ids))}) ORDER BY id",
+            ids,
+        ).fetchall()
+        return [(r[0], Turn(r[1], r[2], _parse_dt(r[3]), r[4])) for r in rows]
+
+    def rename_conversation(self, conversation_id: int, title: str) -> None:
+        """Give a conversation a new title (``KeyError`` if it does not exist)."""
+        title = " ".join(title.split())
+        if not title:
+            raise ValueError("a conversation title must not be empty")
+        with self._write():
+            cur = self.db.execute(
+                "UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id)
+            )
+            if cur.rowcount == 0:
+                raise KeyError(f"no conversation {conversation_id}")
+
+    def delete_conversation(self, conversation_id: int) -> int:
+        """Delete a conversation and its turns in one transaction; return how many turns went.
+
+        The facts extracted from it stay in the memory (forget them in the memory browser);
+        their ``source_turn_ids`` then name turns that no longer exist. A deleted imported
+        conversation comes back only if its export is imported again under a new file hash.
+        """
+        with self._write():
+            if self._one("SELECT 1 FROM conversations WHERE id = ?", (conversation_id,)) is None:
+                raise KeyError(f"no conversation {conversation_id}")
+            turns = self.db.execute(
+                "DELETE FROM turns WHERE conversation_id = ?", (conversation_id,)
+            ).rowcount
+            self.db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+        return turns
 
     # -- facts ------------------------------------------------------------------------------
 
@@ -551,6 +640,40 @@ class FactLog:
         ).fetchall()
         return [_fact_from_row(r) for r in rows]
 
+    def search_facts(
+        self,
+        profile_id: int,
+        query: str = "",
+        statuses: Sequence[str] = ("active",),
+        limit: int | None = 500,
+    ) -> list[Fact]:
+        """The profile's facts whose text contains ``query`` (all when empty), newest first.
+
+        ``statuses`` picks which: "active", "superseded", "forgotten" (a forgotten fact's text
+        is "", so only an empty query finds it).
+        """
+        if not statuses:
+            return []
+        sql = (
+            f"SELECT {_FACT_COLUMNS} FROM facts WHERE profile_id = ?"
+            f" AND status IN ({','.join('?' * len(statuses))})"
+        )
+        params: list[Any] = [profile_id, *statuses]
+        if query.strip():
+            sql += " AND text LIKE ? ESCAPE '\\'"
+            params.append(_like(query.strip()))
+        sql += " ORDER BY id DESC LIMIT ?"
+        params.append(-1 if limit is None else limit)
+        return [_fact_from_row(r) for r in self.db.execute(sql, params).fetchall()]
+
+    def count_facts(self, profile_id: int) -> dict[str, int]:
+        """How many facts the profile has in each status (statuses with none are left out)."""
+        rows = self.db.execute(
+            "SELECT status, count(*) FROM facts WHERE profile_id = ? GROUP BY status",
+            (profile_id,),
+        ).fetchall()
+        return {r[0]: r[1] for r in rows}
+
     # -- KV entries -------------------------------------------------------------------------
 
     def facts_without_kv(
@@ -619,6 +742,28 @@ class FactLog:
             ).fetchall()
             self.db.execute(f"DELETE FROM kv_entries WHERE fact_id IN ({inactive})", (profile_id,))
         return sorted({r[0] for r in rows})
+
+    def kv_entries(self, fact_id: int) -> list[tuple[str, str]]:
+        """``(model_fingerprint, location)`` of every stored KV entry of a fact.
+
+        Read it before :meth:`forget_fact` when the caller must know which store (one per
+        model fingerprint) holds the tensors at the returned locations.
+        """
+        rows = self.db.execute(
+            "SELECT model_fingerprint, location FROM kv_entries WHERE fact_id = ?"
+            " ORDER BY model_fingerprint, location",
+            (fact_id,),
+        ).fetchall()
+        return [(r[0], r[1]) for r in rows]
+
+    def count_embeddings(self, profile_id: int) -> dict[str, int]:
+        """How many of the profile's active facts have an embedding, per embedding model."""
+        rows = self.db.execute(
+            "SELECT e.model, count(*) FROM fact_embeddings e JOIN facts f ON f.id = e.fact_id"
+            " WHERE f.profile_id = ? AND f.status = 'active' GROUP BY e.model",
+            (profile_id,),
+        ).fetchall()
+        return {r[0]: r[1] for r in rows}
 
     # -- embeddings -------------------------------------------------------------------------
 

@@ -147,6 +147,16 @@ def _smollm2_key(gguf: Path) -> str:
     return hashlib.sha256(ident.encode()).hexdigest()[:12]
 
 
+def smollm2_prepared() -> Path | None:
+    """The unpacked SmolLM2 folder if :func:`smollm2_dir` built it already, else None.
+
+    Never builds (for ``doctor``); :class:`ModelSetupError` if the package is missing.
+    """
+    gguf = smollm2_gguf()
+    target = cache_dir() / "models" / f"{SMOLLM2_NAME}-{_smollm2_key(gguf)}"
+    return target if (target / MARKER).is_file() else None
+
+
 def smollm2_dir(progress: bool = True) -> Path:
     """A Hugging Face folder of SmolLM2-135M-Instruct, dequantized from the packaged GGUF.
 

@@ -42,6 +42,12 @@ def data_dir() -> Path:
     return _ensure(Path(platformdirs.user_data_dir(APP_NAME, appauthor=False)))
 
 
+def kv_dir() -> Path:
+    """The KV store: one folder per model fingerprint under it (created 0700 here, since the
+    store creates only the fingerprint folder with that mode)."""
+    return _ensure(data_dir() / "kv")
+
+
 def cache_dir() -> Path:
     """Rebuildable data: the dequantized model, compiled artefacts."""
     override = os.environ.get(CACHE_ENV)

@@ -169,7 +169,8 @@ class Session:
             when = fact.refers_to.isoformat() if fact.refers_to else None
             if key is not None and self.builder.store.has(key):
                 entries.append((key, list(self.builder.store.header(key).token_ids)))
-                used.append(InjectedFact(fact.id, fact.text, when, hit.score, "injected"))
+                tier = (self.builder.store.where(key) or [None])[0]  # fastest tier holding it
+                used.append(InjectedFact(fact.id, fact.text, when, hit.score, "injected", tier))
             else:
                 lines.append(fact_line(fact.text, fact.refers_to))
                 used.append(InjectedFact(fact.id, fact.text, when, hit.score, "text"))

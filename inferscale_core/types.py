@@ -31,6 +31,18 @@ class Conversation:
 
 
 @dataclass(slots=True)
+class ConversationInfo:
+    """A stored conversation as the conversation list shows it (no turns loaded)."""
+
+    id: int
+    title: str
+    source: str
+    created_at: datetime
+    turns: int  # how many turns it has
+    last_turn_id: int | None  # its newest turn, for "most recent first"
+
+
+@dataclass(slots=True)
 class Fact:
     """One fact of the long-term memory (a row of the fact log's ``facts`` table).
 

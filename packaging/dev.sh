@@ -2,7 +2,7 @@
 # Sets up .venv/ in the repo root on first use (idempotent: a second run only checks a stamp),
 # then runs the assistant or the test suite inside it.
 #
-#   bash packaging/dev.sh run [ARGS...]   # inferscale-assistant ARGS (e.g. ask "...")
+#   bash packaging/dev.sh run [ARGS...]   # the chat; with ARGS: inferscale-assistant ARGS
 #   bash packaging/dev.sh test [ARGS...]  # python -m pytest ARGS
 #   bash packaging/dev.sh setup           # only install
 #

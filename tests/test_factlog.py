@@ -605,3 +605,80 @@ def test_extraction_cursor_moves_forward_per_profile():
     log.set_extraction_cursor(a, 15)
     assert log.extraction_cursor(a) == 15
     assert log.extraction_cursor(b) == 0
+
+
+# -- queries for the UI and the memory command ------------------------------------------------
+
+
+def test_conversations_are_listed_newest_first_and_searched(log):
+    pid = log.profile("p")
+    other = log.profile("other")
+    a, _ = log.add_conversation(pid, conv("a", 2, title="Trip to Norway"))
+    b, _ = log.add_conversation(pid, conv("b", 3, title="Cello lessons"))
+    log.add_conversation(other, conv("c", 1, title="Trip to Norway"))
+    log.append_turn(a, Turn("user", "we saw the fjords, 100% worth it"))
+    empty, _ = log.add_conversation(pid, Conversation("New chat"))
+    infos = log.conversations(pid)
+    assert [i.id for i in infos] == [empty, a, b]  # empty (just started) first, then by activity
+    assert [(i.title, i.turns) for i in infos] == [
+        ("New chat", 0),
+        ("Trip to Norway", 3),
+        ("Cello lessons", 3),
+    ]
+    assert [i.id for i in log.conversations(pid, "norway")] == [a]  # title, any case
+    assert [i.id for i in log.conversations(pid, "fjords")] == [a]  # turn text
+    assert [i.id for i in log.conversations(pid, "100%")] == [a]  # % is literal
+    assert log.conversations(pid, "1_0") == []  # _ is literal
+    assert len(log.conversations(pid, limit=1)) == 1
+
+
+def test_conversation_turns_rename_and_delete(log):
+    pid = log.profile("p")
+    cid, _ = log.add_conversation(pid, conv("a", 3))
+    turns = log.conversation_turns(cid)
+    assert [t.text for _, t in turns] == ["turn 0", "turn 1", "turn 2"]
+    assert log.get_turns([turns[2][0], turns[0][0], 999]) == [turns[0], turns[2]]
+    fid, _ = log.add_fact(pid, "I like tea", source_turn_ids=[turns[0][0]])
+    log.rename_conversation(cid, "  Tea   talk ")
+    assert log.conversations(pid)[0].title == "Tea talk"
+    with pytest.raises(ValueError):
+        log.rename_conversation(cid, "   ")
+    assert log.delete_conversation(cid) == 3
+    assert log.conversations(pid) == [] and log.conversation_turns(cid) == []
+    assert log.get_fact(fid).status == "active"  # memories outlive their conversation
+    with pytest.raises(KeyError):
+        log.delete_conversation(cid)
+    with pytest.raises(KeyError):
+        log.rename_conversation(cid, "x")
+
+
+def test_search_facts_counts_and_kv_entries(log):
+    pid = log.profile("p")
+    cat, _ = log.add_fact(pid, "My cat is called Miso")
+    tea, _ = log.add_fact(pid, "I drink green tea")
+    old, _ = log.add_fact(pid, "I live in Porto")
+    new = log.update_fact(old, "I live in Lisbon", "moved")
+    log.record_kv(cat, "fp1", 2, "v1", "key-a", 10, 100)
+    log.record_kv(cat, "fp2", 2, "v1", "key-b", 10, 100)
+    assert log.kv_entries(cat) == [("fp1", "key-a"), ("fp2", "key-b")]
+    log.forget_fact(tea, "test")
+    assert [f.id for f in log.search_facts(pid)] == [new, cat]  # newest first, active only
+    assert [f.id for f in log.search_facts(pid, "LISBON")] == [new]
+    assert [f.id for f in log.search_facts(pid, "", ("active", "superseded", "forgotten"))] == [
+        new,
+        old,
+        tea,
+        cat,
+    ]
+    assert log.search_facts(pid, "tea", ("forgotten",)) == []  # its text is gone
+    assert log.search_facts(pid, statuses=()) == []
+    assert log.count_facts(pid) == {"active": 2, "superseded": 1, "forgotten": 1}
+    log.store_embedding(cat, "mini", b"\0" * 8, 2)
+    log.store_embedding(new, "mini", b"\0" * 8, 2)
+    assert log.count_embeddings(pid) == {"mini": 2}
+
+
+def test_path_of_the_log(tmp_path, log):
+    assert log.path is None
+    with FactLog.open(tmp_path / "m.db") as on_disk:
+        assert on_disk.path == tmp_path / "m.db"

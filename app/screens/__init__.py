@@ -1,0 +1,1 @@
+"""Screens of the Textual app: chat, memory browser, import, settings, dialogs."""

@@ -1,0 +1,129 @@
+"""The user's settings: one TOML file (``paths.config_file()``), read by the CLI and the TUI.
+
+Imports nothing from the project. A missing file means the defaults; a bad value is a
+:class:`ConfigError` that names the file, the key and what is allowed, so the user can fix it
+by hand. :func:`save` writes atomically (temporary file, fsync, rename), mode 0600.
+
+Example file::
+
+    model = "/models/Llama-3.1-8B-Instruct"   # leave out for the embedded SmolLM2
+    k = 10              # facts retrieved per reply
+    w = 20              # context turns each fact is encoded with
+    gpu_pool_gib = 0    # device tier of the KV store (0: none)
+    profile = "default"
+    extractor = "auto"  # auto | deterministic | llm
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import tomllib
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+EXTRACTORS = ("auto", "deterministic", "llm")
+
+
+class ConfigError(ValueError):
+    """The config file (or a value given for it) is not valid; the message says how to fix it."""
+
+
+@dataclass(slots=True)
+class AppConfig:
+    model: str | None = None  # local Hugging Face folder; None = the embedded SmolLM2
+    k: int = 10  # facts retrieved per reply
+    w: int = 20  # context turns each fact is encoded with
+    gpu_pool_gib: float = 0  # size of the KV store's device tier; 0 = no device tier
+    profile: str = "default"  # whose memory (one fact log holds several profiles)
+    extractor: str = "auto"  # auto: deterministic for the embedded model, the LLM otherwise
+
+    def __post_init__(self) -> None:
+        if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()):
+            raise ConfigError(
+                f"model must be a folder path (text), or left out for the embedded SmolLM2;"
+                f" got {self.model!r}"
+            )
+        for name in ("k", "w"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{name} must be a whole number >= 0, got {value!r}")
+        gib = self.gpu_pool_gib
+        if isinstance(gib, bool) or not isinstance(gib, int | float) or gib < 0 or gib != gib:
+            raise ConfigError(f"gpu_pool_gib must be a number of GiB >= 0, got {gib!r}")
+        if not isinstance(self.profile, str) or not self.profile.strip():
+            raise ConfigError(f"profile must be a non-empty name, got {self.profile!r}")
+        if self.extractor not in EXTRACTORS:
+            raise ConfigError(
+                f"extractor must be one of {', '.join(EXTRACTORS)}; got {self.extractor!r}"
+            )
+
+    @property
+    def gpu_pool_bytes(self) -> int:
+        return int(self.gpu_pool_gib * (1 << 30))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The TOML table: every key, except ``model`` when it is the embedded default."""
+        data = asdict(self)
+        if data["model"] is None:
+            del data["model"]
+        return data
+
+
+KEYS = tuple(f.name for f in fields(AppConfig))
+
+
+def load(path: Path | str) -> AppConfig:
+    """The settings in ``path``; the defaults when it does not exist.
+
+    Raises :class:`ConfigError` for a file that is not TOML, an unknown key or a bad value.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return AppConfig()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the config file {path}: {exc}") from exc
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML ({exc}); fix or delete it") from exc
+    unknown = sorted(set(data) - set(KEYS))
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(KEYS)}"
+        )
+    try:
+        return AppConfig(**data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def save(config: AppConfig, path: Path | str) -> Path:
+    """Write ``config`` to ``path`` atomically (a reader sees the old file or the new one)."""
+    import tomli_w
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    body = "# InferScale assistant settings (inferscale-assistant, Settings screen)\n"
+    body += tomli_w.dumps(config.to_dict())
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    if os.name == "posix":
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    return path
