@@ -117,11 +117,11 @@ class DeterministicExtractor:
     def extract(self, turn: Turn, similar: Sequence[Fact] = ()) -> list[FactOp]:
         if turn.speaker.lower() in NOT_FACT_SPEAKERS:
             return []
-        text = strip_filler(turn.text)
+        # Questions ask; they do not tell. Keep only the statements of a turn.
+        statements = [s for s in _SENTENCE_END.split(strip_filler(turn.text)) if s]
+        text = " ".join(s for s in statements if not s.rstrip().endswith("?"))
         if len(re.findall(r"[A-Za-z\u00C0-\uFFFF]+", text)) < MIN_WORDS:
             return []
-        if text.endswith("?") and not re.search(r"\b(I|I'm|I've|my|we|our)\b", text):
-            return []  # a plain question says nothing about the speaker
         who = "" if turn.speaker.lower() == "user" else f"{turn.speaker}: "
         when = resolve_date(text, turn.timestamp)
         return [FactOp("add", who + chunk, when) for chunk in _chunks(text, MAX_FACT_CHARS)]

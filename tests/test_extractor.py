@@ -58,7 +58,10 @@ def test_named_speaker_is_kept_and_assistant_ignored():
     assert extractor.extract(Turn("assistant", "That sounds like a lovely day out!", MAY8)) == []
 
 
-@pytest.mark.parametrize("text", ["ok thanks", "lol", "What time is it in Tokyo?", "hi there"])
+@pytest.mark.parametrize(
+    "text",
+    ["ok thanks", "lol", "What time is it in Tokyo?", "hi there", "What is the name of my cat?"],
+)
 def test_small_talk_and_plain_questions_are_not_facts(text):
     assert DeterministicExtractor().extract(Turn("user", text, MAY8)) == []
 
@@ -72,18 +75,26 @@ def test_long_turns_are_split_at_sentences():
 
 def test_parse_operations_validates_schema_and_targets():
     similar = [_fact(7, "I live in Porto.")]
-    raw = json.dumps({"operations": [
-        {"op": "update", "text": "I live in Lisbon.", "date": "2023-05-08", "target_id": 7},
-        {"op": "add", "text": "I have a cat named Miso.", "date": None, "target_id": None},
-    ]})
+    raw = json.dumps(
+        {
+            "operations": [
+                {"op": "update", "text": "I live in Lisbon.", "date": "2023-05-08", "target_id": 7},
+                {"op": "add", "text": "I have a cat named Miso.", "date": None, "target_id": None},
+            ]
+        }
+    )
     assert parse_operations(raw, similar) == [
         FactOp("update", "I live in Lisbon.", date(2023, 5, 8), 7),
         FactOp("add", "I have a cat named Miso.", None, None),
     ]
-    twice = json.dumps({"operations": [
-        {"op": "update", "text": "I live in Lisbon.", "target_id": 7},
-        {"op": "delete", "text": "I live in Porto.", "target_id": 7},
-    ]})
+    twice = json.dumps(
+        {
+            "operations": [
+                {"op": "update", "text": "I live in Lisbon.", "target_id": 7},
+                {"op": "delete", "text": "I live in Porto.", "target_id": 7},
+            ]
+        }
+    )
     with pytest.raises(InvalidOperations, match="two operations"):
         parse_operations(twice, similar)
     bad_target = json.dumps({"operations": [{"op": "delete", "text": "xyz", "target_id": 99}]})
@@ -113,3 +124,11 @@ def test_llm_extractor_falls_back_on_invalid_output():
     ops = extractor.extract(Turn("user", "I started learning the cello this week.", MAY8))
     assert ops and ops[0].op == "add"
     assert extractor.fallbacks == 1
+
+
+def test_statements_are_kept_and_questions_dropped_from_a_turn():
+    ops = DeterministicExtractor().extract(
+        Turn("user", "I moved to Lisbon last week. What should I see first?", MAY8)
+    )
+    assert [op.text for op in ops] == ["I moved to Lisbon last week."]
+    assert ops[0].refers_to == date(2023, 5, 1)
