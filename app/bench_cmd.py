@@ -1,108 +1,510 @@
-"""``inferscale-assistant bench …``: runs a benchmark on the configured model and prints it."""
+"""``inferscale-assistant bench …``: the benchmarks, each a module of ``inferscale_core.bench``.
+
+Every bench prints its table and, when asked, writes the raw samples as JSON (``--json``), a
+PNG plot (``--plot``) and a dated row with the exact command in a Markdown run log (``--md``,
+e.g. ``docs/BENCHMARKS.md``). Benches keep their KV entries in ``<data dir>/bench-kv``, apart
+from the user's memories. The latency benches (ttft, throughput, tiers) run on the real model,
+or with ``--dummy-config`` on dummy weights of any shape (a config.json; random ids and KV).
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from app.user_config import load_config
 
-def run_bench_ttft(
-    ks: list[int],
-    runs: int,
-    warmup: int,
-    json_path: Path | None,
-    model: str | None,
-    seed: int,
-    *,
-    verbose: bool,
-    console: Console,
-) -> int:
-    from app.runtime import open_runtime
-    from inferscale_core.bench.ttft import run_ttft, write_json
-
-    runtime = open_runtime(model, console, verbose=verbose)
-    with console.status("benchmarking…") as status:
-        result = run_ttft(
-            runtime.builder,
-            runtime.engine,
-            ks,
-            runs,
-            warmup=warmup,
-            seed=seed,
-            model_name=runtime.model_dir.name,
-            on_progress=lambda m: status.update(m),
-        )
-    table = Table(title=f"TTFT on {result['model']} ({runs} runs per cell)", title_justify="left")
-    for column in ("k", "mode", "median", "p90", "prompt tok", "computed", "injected"):
-        table.add_column(column, justify="right" if column not in ("mode",) else "left")
-    for row in result["rows"]:
-        table.add_row(
-            str(row["k"]),
-            row["mode"],
-            f"{row['ttft_s_median'] * 1e3:.0f} ms",
-            f"{row['ttft_s_p90'] * 1e3:.0f} ms",
-            str(row["prompt_tokens"]),
-            str(row["computed_tokens"]),
-            str(row["injected_tokens"]),
-        )
-    Console().print(table)
-    for name, value in result["ratios"].items():
-        Console().print(f"{name}: {value:.2f}")
-    if json_path:
-        write_json(result, json_path)
-        console.print(f"[dim]wrote {json_path}[/dim]")
-    return 0
+BENCH_STORE = "bench-kv"
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    bench = sub.add_parser("bench", help="measure: TTFT of KV injection vs prompt injection")
-    bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
-    ttft = bench_sub.add_parser(
-        "ttft",
-        help="time to first token with k synthetic memories, injection vs prompt injection",
-        description="For each k, each run draws k synthetic facts (~50 tokens each) in a random"
-        " order and measures TTFT of KV injection and of prompt injection (prefix caching on) in"
-        " the same engine, then prints medians, p90 and the ratio.",
-    )
-    ttft.add_argument(
-        "--k", default="0,5,20,50", help="comma-separated numbers of facts (0,5,20,50)"
-    )
-    ttft.add_argument("--runs", type=int, default=5, help="measured runs per k and mode (5)")
-    ttft.add_argument("--warmup", type=int, default=2, help="warm-up runs per mode (2)")
-    ttft.add_argument("--json", type=Path, metavar="PATH", help="write raw samples as JSON here")
-    ttft.add_argument("--model", help="local Hugging Face model folder (default: SmolLM2)")
-    ttft.add_argument("--seed", type=int, default=0, help="fact sampling seed (0)")
-    ttft.set_defaults(func=_run_ttft, parser=ttft)
-
-
-def parse_ks(text: str) -> list[int]:
+def parse_ks(text: str, name: str = "--k") -> list[int]:
     """``"0,5,20"`` -> ``[0, 5, 20]``; ValueError with a clear message otherwise."""
     try:
         ks = sorted({int(k) for k in text.split(",") if k.strip()})
     except ValueError:
-        raise ValueError(f"--k takes comma-separated whole numbers, got {text!r}") from None
+        raise ValueError(f"{name} takes comma-separated whole numbers, got {text!r}") from None
     if not ks or min(ks) < 0:
-        raise ValueError(f"--k needs whole numbers >= 0, got {text!r}")
+        raise ValueError(f"{name} needs whole numbers >= 0, got {text!r}")
     return ks
 
 
+# ---- set-up shared by the benches ----
+def _quiet(verbose: bool) -> None:
+    if not verbose:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        logging.getLogger("vllm").setLevel(logging.ERROR)
+
+
+def _model(args: argparse.Namespace, console: Console) -> str | None:
+    if args.model:
+        return args.model
+    config = load_config(console)
+    if config is None:
+        raise SystemExit(2)
+    return config.model
+
+
+def _open_runtime(args: argparse.Namespace, console: Console) -> Any:
+    """The real model's runtime, with the benches' own KV store."""
+    from assets import read_asset
+    from inferscale_core import paths
+    from inferscale_core.models import resolve_model
+    from inferscale_core.vllm_plugin.runtime import build_runtime
+
+    _quiet(args.verbose)
+    model = _model(args, console)
+    with console.status("preparing the model…") as status:
+        return build_runtime(
+            resolve_model(model),
+            paths.data_dir() / BENCH_STORE,
+            read_asset("prompts", "system.txt"),
+            on_step=lambda step: status.update(step + "…"),
+        )
+
+
+@contextlib.contextmanager
+def _latency_setup(
+    args: argparse.Namespace, console: Console, pool_size: int
+) -> Iterator[tuple[Any, Any, Any, str]]:
+    """``(prompt source, engine, store, model name)`` on the real model or dummy weights."""
+    if args.dummy_config:
+        from inferscale_core.bench.dummy import (
+            DummyPrompts,
+            open_dummy_runtime,
+            resolve_dummy_config,
+        )
+
+        _quiet(args.verbose)
+        with tempfile.TemporaryDirectory(prefix="inferscale-dummy-") as tmp:
+            model_dir = resolve_dummy_config(args.dummy_config, Path(tmp))
+            with console.status(f"starting the engine on dummy weights ({model_dir.name})…"):
+                runtime = open_dummy_runtime(model_dir, Path(tmp) / "kv")
+            with console.status(f"writing {pool_size} random KV entries…"):
+                source = DummyPrompts(runtime, pool_size, seed=args.seed)
+            yield source, runtime.engine, runtime.store, runtime.model_name
+        return
+    from inferscale_core.bench.prompts import FactPrompts
+
+    runtime = _open_runtime(args, console)
+    with console.status(f"encoding {pool_size} synthetic facts…"):
+        source = FactPrompts(runtime.builder, pool_size, seed=args.seed)
+    yield source, runtime.engine, runtime.store, runtime.model_dir.name
+
+
+def _finish(
+    result: dict[str, Any], args: argparse.Namespace, console: Console, bench: ModuleType
+) -> int:
+    from inferscale_core.bench.report import append_run, write_json
+
+    line = bench.headline(result)
+    Console().print(line)
+    if args.json:
+        write_json(result, args.json)
+        console.print(f"[dim]wrote {args.json}[/dim]")
+    if args.plot:
+        bench.plot(result, args.plot)
+        console.print(f"[dim]wrote {args.plot}[/dim]")
+    if args.md:
+        append_run(args.md, result, line)
+        console.print(f"[dim]appended a row to {args.md}[/dim]")
+    return 0
+
+
+def _table(title: str, rows: Sequence[dict[str, Any]], columns: dict[str, Callable]) -> None:
+    table = Table(title=title, title_justify="left")
+    for name in columns:
+        table.add_column(name, justify="right")
+    for row in rows:
+        table.add_row(*(fn(row) for fn in columns.values()))
+    Console().print(table)
+
+
+def _ms(key: str) -> Callable[[dict[str, Any]], str]:
+    return lambda row: "" if row.get(key) is None else f"{row[key] * 1e3:.0f} ms"
+
+
+# ---- the benches ----
 def _run_ttft(args: argparse.Namespace, console: Console) -> int:
-    try:
-        ks = parse_ks(args.k)
-    except ValueError as exc:
-        args.parser.error(str(exc))
+    from inferscale_core.bench import ttft
+    from inferscale_core.bench.prompts import pool_size_for
+    from inferscale_core.bench.report import command_line
+
+    ks = _ks(args, args.k)
     if args.runs < 1:
         args.parser.error("--runs must be at least 1")
-    return run_bench_ttft(
-        ks,
-        args.runs,
-        args.warmup,
-        args.json,
-        args.model,
-        args.seed,
-        verbose=args.verbose,
-        console=console,
+    setup = _latency_setup(args, console, pool_size_for(ks))
+    with setup as (source, engine, _, name), console.status("benchmarking…") as status:
+        result = ttft.run_ttft(
+            source,
+            engine,
+            ks,
+            args.runs,
+            warmup=args.warmup,
+            seed=args.seed,
+            model_name=name,
+            command=command_line(),
+            on_progress=status.update,
+        )
+    _table(
+        f"TTFT on {result['model']} ({args.runs} runs per cell)",
+        result["rows"],
+        {
+            "k": lambda r: str(r["k"]),
+            "mode": lambda r: r["mode"],
+            "median": _ms("ttft_s_median"),
+            "p90": _ms("ttft_s_p90"),
+            "prompt tok": lambda r: str(r["prompt_tokens"]),
+            "computed": lambda r: str(r["computed_tokens"]),
+            "injected": lambda r: str(r["injected_tokens"]),
+        },
     )
+    for key, value in result["ratios"].items():
+        Console().print(f"{key}: {value:.2f}")
+    return _finish(result, args, console, ttft)
+
+
+def _run_throughput(args: argparse.Namespace, console: Console) -> int:
+    from inferscale_core.bench import throughput
+    from inferscale_core.bench.report import command_line
+
+    users = [n for n in _ks(args, args.users, "--users") if n > 0]
+    if not users or args.runs < 1:
+        args.parser.error("--users needs a positive number and --runs at least 1")
+    pool = max(2 * args.k, 10)
+    setup = _latency_setup(args, console, pool)
+    with setup as (source, engine, _, name), console.status("benchmarking…") as status:
+        result = throughput.run_throughput(
+            source,
+            engine,
+            users,
+            args.k,
+            args.runs,
+            max_tokens=args.max_tokens,
+            warmup=args.warmup,
+            seed=args.seed,
+            model_name=name,
+            command=command_line(),
+            on_progress=status.update,
+        )
+    _table(
+        f"Throughput on {result['model']}, k={args.k} ({args.runs} runs per cell)",
+        result["rows"],
+        {
+            "users": lambda r: str(r["users"]),
+            "mode": lambda r: r["mode"],
+            "req/s": lambda r: f"{r['requests_per_s']:.2f}",
+            "TTFT p50": _ms("ttft_s_p50"),
+            "TTFT p90": _ms("ttft_s_p90"),
+            "out tok/s": lambda r: f"{r['output_tokens_per_s']:.1f}",
+        },
+    )
+    return _finish(result, args, console, throughput)
+
+
+def _run_tiers(args: argparse.Namespace, console: Console) -> int:
+    from inferscale_core.bench import tiers
+    from inferscale_core.bench.report import command_line
+
+    chosen = [t for t in args.tiers.split(",") if t] if args.tiers else None
+    unknown = set(chosen or ()) - set(tiers.TIERS)
+    if unknown or args.runs < 1:
+        args.parser.error(f"--tiers takes {','.join(tiers.TIERS)}; --runs at least 1")
+    with _latency_setup(args, console, max(2 * args.k, 10)) as (source, engine, store, name):
+        if args.gpu_pool_gib > 0:
+            from inferscale_core.kvstore import open_shared
+
+            open_shared(store.root, gpu_bytes=int(args.gpu_pool_gib * (1 << 30)))
+        with console.status("benchmarking…") as status:
+            result = tiers.run_tiers(
+                source,
+                engine,
+                store,
+                args.k,
+                args.runs,
+                tiers=chosen,
+                warmup=args.warmup,
+                seed=args.seed,
+                model_name=name,
+                command=command_line(),
+                on_progress=status.update,
+            )
+    _table(
+        f"Injection from each tier on {result['model']}, k={args.k}",
+        result["rows"],
+        {
+            "tier": lambda r: r["tier"],
+            "MB": lambda r: f"{r['bytes'] / 1e6:.1f}",
+            "TTFT": _ms("ttft_s_median"),
+            "load": lambda r: f"{r.get('load_ms_median', 0):.1f} ms",
+            "read": lambda r: f"{r.get('read_ms_median', 0):.1f} ms",
+            "rotate": lambda r: f"{r.get('rotate_ms_median', 0):.1f} ms",
+            "write": lambda r: f"{r.get('write_ms_median', 0):.1f} ms",
+            "link GB/s": lambda r: f"{r['link_gb_s'] or 0:.1f} ({r['link']})",
+            "floor": lambda r: f"{r['floor_ms'] or 0:.1f} ms",
+        },
+    )
+    Console().print(result["page_cache_note"])
+    return _finish(result, args, console, tiers)
+
+
+def _run_encode(args: argparse.Namespace, console: Console) -> int:
+    from inferscale_core.bench import encode
+    from inferscale_core.bench.report import command_line
+
+    ws = _ks(args, args.w, "--w")
+    runtime = _open_runtime(args, console)
+    with console.status("benchmarking…") as status:
+        result = encode.run_encode(
+            runtime.builder,
+            _data(args),
+            ws,
+            limit=args.limit,
+            seed=args.seed,
+            model_name=runtime.model_dir.name,
+            command=command_line(),
+            on_progress=status.update,
+        )
+    _table(
+        f"Encoding LoCoMo facts on {result['model']}",
+        result["rows"],
+        {
+            "w": lambda r: str(r["w"]),
+            "facts": lambda r: str(r["facts"]),
+            "facts/s": lambda r: f"{r['facts_per_s']:.2f}",
+            "tokens/s": lambda r: f"{r['tokens_per_s']:.0f}",
+            f"all {result['rows'][0]['all_facts']}": lambda r: (
+                f"{r['all_seconds'] / 60:.1f} min"
+                + (" (extrapolated)" if r["all_extrapolated"] else "")
+            ),
+        },
+    )
+    return _finish(result, args, console, encode)
+
+
+def _run_locomo(args: argparse.Namespace, console: Console) -> int:
+    from inferscale_core.bench import locomo
+    from inferscale_core.bench.report import command_line
+
+    if args.rescore:
+        return _rescore(args, console)
+    ks, ws = _ks(args, args.k), _ks(args, args.w, "--w")
+    if min(ks) < 1:
+        args.parser.error("--k needs numbers >= 1")
+    resume = None
+    if args.resume:
+        if not args.json or not args.json.exists():
+            args.parser.error("--resume needs the --json file of the run to continue")
+        resume = json.loads(args.json.read_text())
+    runtime = _open_runtime(args, console)
+    with console.status("benchmarking…") as status:
+        result = locomo.run_locomo(
+            runtime.builder,
+            runtime.engine,
+            _data(args),
+            sample=args.sample,
+            seed=args.seed,
+            ks=ks,
+            ws=ws,
+            max_tokens=args.max_tokens,
+            logprobs=args.logprobs,
+            kl=not args.no_kl,
+            batch=args.batch,
+            json_path=args.json,
+            resume=resume,
+            model_name=runtime.model_dir.name,
+            command=command_line(),
+            on_progress=status.update,
+        )
+    _locomo_table(result)
+    return _finish(result, args, console, locomo)
+
+
+def _rescore(args: argparse.Namespace, console: Console) -> int:
+    from inferscale_core.bench import locomo
+    from inferscale_core.bench.report import command_line
+
+    result = json.loads(args.rescore.read_text())
+    result["scores"] = locomo.score(result)
+    result["rescored"] = command_line()
+    if args.judge:
+        from transformers import AutoTokenizer
+
+        from inferscale_core.fingerprint import model_fingerprint
+        from inferscale_core.vllm_plugin.vllm_engine import EngineOptions, VllmEngine
+
+        _quiet(args.verbose)
+        judge_dir = Path(args.judge)
+        with tempfile.TemporaryDirectory() as tmp, console.status("starting the judge…") as status:
+            engine = VllmEngine(EngineOptions(judge_dir, Path(tmp), model_fingerprint(judge_dir)))
+            tokenizer = AutoTokenizer.from_pretrained(str(judge_dir))
+            locomo.judge_answers(result, engine, tokenizer, judge_dir.name, status.update)
+    args.json = args.json or args.rescore
+    _locomo_table(result)
+    return _finish(result, args, console, locomo)
+
+
+def _locomo_table(result: dict[str, Any]) -> None:
+    from inferscale_core.bench.locomo_data import CATEGORIES
+
+    cells = result["scores"]["cells"]
+    rows = [{"cell": key, **cell} for key, cell in cells.items()]
+
+    def fmt(value: Any, digits: int = 3) -> str:
+        return "" if value is None else f"{value:.{digits}f}"
+
+    columns: dict[str, Callable] = {
+        "mode@k": lambda r: r["cell"],
+        "F1": lambda r: fmt(r["f1"]),
+        "/ prompt": lambda r: fmt(r.get("f1_over_prompt"), 2),
+        "95% CI": lambda r: (
+            ""
+            if not r.get("f1_over_prompt_ci95")
+            else "{:.2f}-{:.2f}".format(*r["f1_over_prompt_ci95"])
+        ),
+    }
+    for name in CATEGORIES.values():
+        columns[name] = lambda r, name=name: fmt(r["by_category"][name]["f1"])
+    columns["KL/token"] = lambda r: fmt(r.get("kl_mean_per_token"), 4)
+    columns["top-1 agree"] = lambda r: fmt(r.get("top1_agreement"), 3)
+    if any("judged_accuracy" in r for r in rows):
+        columns["judged"] = lambda r: fmt(r.get("judged_accuracy"))
+    _table(f"LoCoMo, {result['scores']['questions']} questions — {result['model']}", rows, columns)
+
+
+def _data(args: argparse.Namespace) -> Path:
+    from inferscale_core.bench.locomo_data import DEFAULT_PATH
+
+    path = args.data or DEFAULT_PATH
+    if not path.is_file():
+        args.parser.error(f"LoCoMo data not found at {path}; pass --data PATH/locomo10.json")
+    return path
+
+
+def _ks(args: argparse.Namespace, text: str, name: str = "--k") -> list[int]:
+    try:
+        return parse_ks(text, name)
+    except ValueError as exc:
+        args.parser.error(str(exc))
+        raise  # unreachable: error() exits
+
+
+# ---- the parsers ----
+def _outputs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write raw samples as JSON here")
+    parser.add_argument("--plot", type=Path, metavar="PATH", help="write a PNG plot here")
+    parser.add_argument(
+        "--md",
+        type=Path,
+        metavar="PATH",
+        help="append a dated row with this command to the run log of this Markdown file",
+    )
+    parser.add_argument("--model", help="local Hugging Face model folder (default: SmolLM2)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (0)")
+
+
+def _latency(parser: argparse.ArgumentParser, runs: int, warmup: int) -> None:
+    _outputs(parser)
+    parser.add_argument(
+        "--dummy-config",
+        metavar="PATH",
+        help="run on dummy weights: a config.json, a folder holding one, or a built-in shape"
+        " (llama-3.1-8b, smollm2-135m, tiny-llama); requests are random ids and random KV",
+    )
+    parser.add_argument("--runs", type=int, default=runs, help=f"measured runs per cell ({runs})")
+    parser.add_argument("--warmup", type=int, default=warmup, help=f"warm-up runs ({warmup})")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser(
+        "bench", help="measure: TTFT, throughput, KV tiers, encoding, LoCoMo accuracy"
+    )
+    bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
+
+    ttft = bench_sub.add_parser(
+        "ttft",
+        help="time to first token with k memories: injection, prompt injection, warm prompt",
+        description="For each k, each run draws k synthetic facts (~50 tokens each) in a random"
+        " order and measures TTFT of (a) KV injection, (b) prompt injection (prefix caching on)"
+        " and (c) the same prompt sent again (prefix caching's best case) in the same engine.",
+    )
+    ttft.add_argument("--k", default="0,5,20,50", help="comma-separated numbers of facts")
+    _latency(ttft, runs=5, warmup=2)
+    ttft.set_defaults(func=_run_ttft, parser=ttft)
+
+    tp = bench_sub.add_parser(
+        "throughput",
+        help="N concurrent users, each with its own k memories: requests/s and TTFT",
+        description="For each N, every run submits N requests at once (each user its own random"
+        " set of k facts and question) with injection, then with prompt injection.",
+    )
+    tp.add_argument("--users", default="1,4,8", help="comma-separated user counts (1,4,8)")
+    tp.add_argument("--k", type=int, default=50, help="memories per user (50)")
+    tp.add_argument("--max-tokens", type=int, default=16, help="output tokens per request (16)")
+    _latency(tp, runs=3, warmup=1)
+    tp.set_defaults(func=_run_throughput, parser=tp)
+
+    tiers = bench_sub.add_parser(
+        "tiers",
+        help="injection cost with the memories on each KV-store tier, against the copy floor",
+        description="Per run and tier, k fresh facts are left on that tier only (GPU pool,"
+        " pinned or plain host RAM, disk through the page cache, disk with its pages dropped)"
+        " and one injected request is timed; the copy bandwidth of each link gives the floor.",
+    )
+    tiers.add_argument("--k", type=int, default=50, help="memories per request (50)")
+    tiers.add_argument("--tiers", help="comma-separated subset (default: all available)")
+    tiers.add_argument(
+        "--gpu-pool-gib", type=float, default=1.0, help="GPU pool size on CUDA (1 GiB)"
+    )
+    _latency(tiers, runs=5, warmup=1)
+    tiers.set_defaults(func=_run_tiers, parser=tiers)
+
+    data_help = "locomo10.json (default: ../shared/data/locomo/ beside the repository)"
+    enc = bench_sub.add_parser(
+        "encode",
+        help="memory facts encoded per second for context sizes w; time for all of LoCoMo",
+        description="Encodes LoCoMo's observation facts, each after its w preceding turns, with"
+        " the product's encoder; --limit encodes a seeded sample and extrapolates.",
+    )
+    enc.add_argument("--w", default="0,5,20", help="comma-separated context sizes (0,5,20)")
+    enc.add_argument("--limit", type=int, help="facts per w (default: all 2,541)")
+    enc.add_argument("--data", type=Path, help=data_help)
+    _outputs(enc)
+    enc.set_defaults(func=_run_encode, parser=enc)
+
+    loc = bench_sub.add_parser(
+        "locomo",
+        help="LoCoMo question answering: F1 (and KL) of injection vs prompt injection",
+        description="Answers LoCoMo questions (categories 1-4) with the same retrieved facts and"
+        " model by prompt injection and by KV injection (w context turns), scores LoCoMo's"
+        " token F1 per category and compares next-token distributions (KL).",
+    )
+    loc.add_argument("--sample", type=int, default=200, help="questions, seeded (200)")
+    loc.add_argument("--k", default="5,20,50", help="comma-separated numbers of facts")
+    loc.add_argument("--w", default="0,20", help="comma-separated context sizes (0,20)")
+    loc.add_argument("--max-tokens", type=int, default=32, help="answer length limit (32)")
+    loc.add_argument("--logprobs", type=int, default=20, help="top logprobs for the KL (20)")
+    loc.add_argument("--no-kl", action="store_true", help="skip the KL comparison")
+    loc.add_argument("--batch", type=int, default=8, help="questions answered at once (8)")
+    loc.add_argument("--data", type=Path, help=data_help)
+    loc.add_argument("--resume", action="store_true", help="continue the run saved in --json")
+    loc.add_argument(
+        "--rescore", type=Path, metavar="ANSWERS", help="re-score a saved run (no generation)"
+    )
+    loc.add_argument(
+        "--judge",
+        metavar="MODEL_DIR",
+        help="with --rescore: label answers with this local judge model (e.g. on a GPU)",
+    )
+    _outputs(loc)
+    loc.set_defaults(func=_run_locomo, parser=loc)

@@ -376,3 +376,18 @@ def test_concurrent_put_and_get_keep_data_and_accounting(tmp_path):
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]
     for key in on_disk:
         assert _same(store.get(key), truth[key])
+
+
+def test_demote_leaves_entries_on_the_asked_tier_only(tmp_path):
+    store = _tiered(tmp_path, host_entries=4, device_entries=2)
+    a, b = _entry("a"), _entry("b")
+    store.put(a)
+    store.put(b)
+    store.prefetch(["a", "b"])
+    assert store.demote(["a", "b"], "disk") == a.nbytes + b.nbytes
+    assert store.where("a") == store.where("b") == ["disk"]
+    assert store.demote(["a"], "host") == a.nbytes
+    assert store.where("a") == ["host", "disk"]
+    assert _same(store.get("a"), a)
+    with pytest.raises(ValueError, match="demote to"):
+        store.demote(["a"], "device")

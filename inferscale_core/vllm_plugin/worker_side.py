@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from inferscale_core.kvstore import KVStore
-from inferscale_core.rope import RopeSpec, rotate, rotate_fused
+from inferscale_core.rope import RopeSpec, cos_sin, rotate, rotate_fused
 from inferscale_core.vllm_plugin.metadata import InjectionMetadata, LoadOp
 from inferscale_core.vllm_plugin.paged_layouts import (
     PagedLayout,
@@ -71,6 +72,7 @@ class InjectionWorker:
         self._layers: list[tuple[str, Any]] | None = None
         self._layouts: dict[str, PagedLayout] | None = None
         self._buffers: dict[str, torch.Tensor] = {}
+        self._rotary: Callable[[torch.Tensor, torch.Tensor], None] | bool | None = None
         self.sync_timing = False  # benchmarks set it to time GPU work exactly (adds syncs)
         self.fused_rope = True  # on CUDA: one torch.compile'd kernel for the re-rotation
         self.last_load_ms: float = 0.0
@@ -131,6 +133,17 @@ class InjectionWorker:
             self._buffers[name] = buf
         return buf[:, :tokens]  # each layer's [tokens, heads, dim] stays contiguous
 
+    def _cpu_rotary(
+        self, dtype: torch.dtype
+    ) -> Callable[[torch.Tensor, torch.Tensor], None] | None:
+        """The in-place kernel rotation when the cache is fp32 and vLLM has the kernel."""
+        if dtype != torch.float32:
+            return None
+        if self._rotary is None:
+            max_positions = self.vllm_config.model_config.max_model_len
+            self._rotary = vllm_rotary(self.rope, max_positions) or False
+        return self._rotary or None
+
     def _rotate_on_gpu(
         self, k_pre: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype, out: torch.Tensor
     ) -> torch.Tensor:
@@ -171,13 +184,23 @@ class InjectionWorker:
             k_pre, v_all = k_pre.to(device, non_blocking=True), v_all.to(device, dtype)
             k_post = self._rotate_on_gpu(k_pre, positions, dtype, k_post)
         else:
-            # One CPU thread: rotate each piece straight into place (no concatenated copy).
+            # CPU: copy each piece into place, then re-rotate layer by layer in place with
+            # vLLM's RoPE kernel over our fp32 table (neox: bit-identical to ``rotate``; ~3x
+            # faster than torch's elementwise ops). Without the kernel (or with a non-fp32
+            # cache), rotate each piece straight into place.
+            rotary = self._cpu_rotary(dtype)
             for piece, entry in zip(op.pieces, entries, strict=True):
                 at = piece.dst_start - op.start
                 n = piece.src_end - piece.src_start
                 k_pre = entry.k[:, piece.src_start : piece.src_end]
-                rotate(k_pre, positions[at : at + n], self.rope, out=k_post[:, at : at + n])
+                if rotary is None:
+                    rotate(k_pre, positions[at : at + n], self.rope, out=k_post[:, at : at + n])
+                else:
+                    k_post[:, at : at + n] = k_pre
                 v_all[:, at : at + n] = entry.v[:, piece.src_start : piece.src_end]
+            if rotary is not None:
+                for layer_k in k_post:  # [tokens, kv_heads, head_dim], contiguous
+                    rotary(positions, layer_k)
         slots = torch.tensor(op.slots, dtype=torch.int64, device=device)  # [tokens]
         if self.sync_timing and device.type == "cuda":
             torch.cuda.synchronize(device)  # benchmarks only: time the kernels, not launches
@@ -198,6 +221,33 @@ class InjectionWorker:
             "rotate_ms": (t2 - t1) * 1e3,
             "write_ms": (t3 - t2) * 1e3,
         }
+
+
+def vllm_rotary(
+    spec: RopeSpec, max_positions: int
+) -> Callable[[torch.Tensor, torch.Tensor], None] | None:
+    """``rotate_(positions, k)``: keys rotated in place by vLLM's own RoPE kernel
+    (``_C.rotary_embedding``, the one the model's forward runs on CPU), fed a cos/sin table
+    computed from ``spec`` in fp32 by :func:`~inferscale_core.rope.cos_sin` — so yarn's
+    scaling, partial rotary and gptj pairs come out as :func:`rotate` does them (neox:
+    bit-identical; gptj: within an fp32 ulp).
+    ``positions``: [tokens] int64; ``k``: [tokens, kv_heads, head_dim], contiguous, fp32.
+    None where this vLLM build has no such kernel.
+    """
+    try:
+        import vllm._C  # noqa: F401 - registers torch.ops._C
+
+        op = torch.ops._C.rotary_embedding
+    except (ImportError, AttributeError, RuntimeError):
+        return None
+    cos, sin = cos_sin(spec, torch.arange(max_positions))  # [max_positions, rotary_dim // 2]
+    table = torch.cat([cos, sin], dim=-1).contiguous()  # [max_positions, rotary_dim] fp32
+
+    def rotate_(positions: torch.Tensor, k: torch.Tensor) -> None:
+        tokens, heads, dim = k.shape
+        op(positions, k.view(tokens, heads * dim), None, dim, table, spec.is_neox_style)
+
+    return rotate_
 
 
 def _layer_cache(layer: Any) -> torch.Tensor:

@@ -1,0 +1,150 @@
+"""LoCoMo for the benches: questions, facts with their context turns, retrieval.
+
+Facts are LoCoMo's own ``observation`` lists (2,541 short facts, each citing the turn(s) it was
+drawn from), dated with their session's date — the facts LoCoMo's own "observation" RAG
+baseline retrieves. The conversation itself goes through the product's path: the LoCoMo
+importer parses it, the fact log stores its turns, the observations are added as facts with
+their source turns, the retriever (MiniLM, one index per conversation) finds the top-k, and a
+fact's ``w`` context turns are the turns before its source turn in its session, exactly as the
+memory worker encodes an extracted fact (:func:`~inferscale_core.memory_worker.context_line`).
+
+Why not the product's extractor on the raw turns: that makes 5,882 longer facts, which (at
+``w=20``, ~800 tokens of context per fact) would take hours to encode on a CPU; and the
+question here is injection against prompt injection on the *same* facts, which the
+extractor's quality does not change.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from inferscale_core.factlog import FactLog
+from inferscale_core.memory_worker import context_line
+from inferscale_core.prompt_builder import MemoryFact
+from inferscale_core.types import Fact
+
+DEFAULT_PATH = Path(__file__).resolve().parents[3] / "shared" / "data" / "locomo" / "locomo10.json"
+#: LoCoMo's category ids as its own evaluation code names them (see the data's README).
+CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    sample_id: str
+    index: int  # position in the sample's ``qa`` list
+    category: int
+    question: str
+    answer: str
+    evidence: tuple[str, ...]
+
+    @property
+    def id(self) -> str:
+        return f"{self.sample_id}/qa{self.index}"
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    sample_id: str
+    text: str
+    dia_ids: tuple[str, ...]  # the turns it was drawn from
+    when: date | None  # its session's date
+
+
+def load(path: Path | str) -> list[dict[str, Any]]:
+    return json.loads(Path(path).read_text())
+
+
+def questions(samples: Sequence[dict[str, Any]]) -> list[Question]:
+    """Every question of categories 1-4 (category 5, adversarial, is excluded): 1,540."""
+    out = []
+    for sample in samples:
+        for index, qa in enumerate(sample["qa"]):
+            if qa["category"] == 5:
+                continue
+            out.append(
+                Question(
+                    sample["sample_id"],
+                    index,
+                    int(qa["category"]),
+                    qa["question"],
+                    str(qa["answer"]),  # a few answers are ints
+                    tuple(qa.get("evidence") or ()),
+                )
+            )
+    return out
+
+
+def sample_questions(all_questions: Sequence[Question], n: int | None, seed: int) -> list[Question]:
+    """``n`` questions drawn with ``random.Random(seed)``, in file order; all if ``n`` is None."""
+    if n is None or n >= len(all_questions):
+        return list(all_questions)
+    order = {q.id: i for i, q in enumerate(all_questions)}
+    return sorted(random.Random(seed).sample(list(all_questions), n), key=lambda q: order[q.id])
+
+
+def _dia_ids(value: Any) -> tuple[str, ...]:
+    items = value if isinstance(value, list) else [value]
+    return tuple(part.strip() for item in items for part in str(item).split(",") if part.strip())
+
+
+def observations(sample: dict[str, Any]) -> list[Observation]:
+    """The sample's observation facts in session order, dated with their session."""
+    from inferscale_core.importers.locomo import parse_date_time
+
+    conv = sample["conversation"]
+    out = []
+    keys = sorted(sample["observation"], key=lambda k: int(k.split("_")[1]))
+    for key in keys:
+        session = key.removesuffix("_observation")
+        stamp = conv.get(f"{session}_date_time")
+        when = parse_date_time(stamp).date() if stamp else None
+        for facts in sample["observation"][key].values():
+            for text, source in facts:
+                out.append(Observation(sample["sample_id"], text.strip(), _dia_ids(source), when))
+    return out
+
+
+class LocomoMemory:
+    """The conversations in a fact log (one profile per sample), observations as facts.
+
+    Args:
+        factlog: an empty fact log (its thread is this object's thread).
+        path: ``locomo10.json``.
+        sample_ids: the samples to load (default: all).
+    """
+
+    def __init__(
+        self, factlog: FactLog, path: Path | str, sample_ids: Sequence[str] | None = None
+    ) -> None:
+        from inferscale_core.importers.locomo import parse
+
+        self.log = factlog
+        self.samples = {s["sample_id"]: s for s in load(path)}
+        wanted = set(sample_ids or self.samples)
+        self.profiles: dict[str, int] = {}
+        for conv in parse(path):  # the product's importer: one conversation per session
+            sample_id = (conv.source_id or "").split("/")[0]
+            if sample_id in wanted:
+                profile = self.profiles.setdefault(sample_id, factlog.profile(sample_id))
+                factlog.add_conversation(profile, conv)
+        self.facts = 0
+        for sample_id, profile in self.profiles.items():
+            turn_ids = {turn.source_id: tid for tid, turn in factlog.turns(profile)}
+            for obs in observations(self.samples[sample_id]):
+                sources = [turn_ids[d] for d in obs.dia_ids if d in turn_ids]
+                _, created = factlog.add_fact(profile, obs.text, obs.when, sources)
+                self.facts += created
+
+    def memory_fact(self, fact: Fact, w: int) -> MemoryFact:
+        """The fact as the memory worker encodes it: with its ``w`` preceding turns."""
+        context: tuple[str, ...] = ()
+        if w and fact.source_turn_ids:
+            turns = self.log.turns_before(min(fact.source_turn_ids), w)
+            context = tuple(context_line(turn) for turn in turns)
+        return MemoryFact(fact.text, fact.refers_to, context)
