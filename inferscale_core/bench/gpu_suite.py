@@ -28,37 +28,13 @@ from typing import Any
 
 import torch
 
+from inferscale_core.bench.dummy import SHAPES
 from inferscale_core.composer import ComposedPrompt, PlacedEntry, entry_key
 from inferscale_core.fingerprint import model_fingerprint
 from inferscale_core.kvstore import open_shared
 from inferscale_core.types import FactKV
 
-LLAMA_31_8B = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "rope_theta": 500000.0,
-    "rope_scaling": {
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-        "rope_type": "llama3",
-    },
-    "rms_norm_eps": 1e-5,
-    "hidden_act": "silu",
-    "tie_word_embeddings": False,
-    "bos_token_id": 128000,
-    "eos_token_id": 128001,
-    "torch_dtype": "bfloat16",
-}
+LLAMA_31_8B = SHAPES["llama-3.1-8b"]  # the shape of the kit's baseline
 FACT_TOKENS, QUESTION_TOKENS, PREFIX_TOKENS = 55, 64, 32
 KS = (0, 5, 15, 25, 50, 100)
 
