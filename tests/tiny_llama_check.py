@@ -95,7 +95,12 @@ def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
         for step, expected in zip(inj5.logprobs, oracle, strict=True)
         for token, value in step.items()
     )
+    from inferscale_core.vllm_plugin.connector import in_process_worker
+
+    worker = in_process_worker()
     return {
+        "kv_write": worker.kv_write if worker else None,
+        "fused_kernel": bool(worker and worker.writes_with_fused_kernel),
         "rope_type": "llama3",
         "dtype": dtype,
         "k1_delta": max_logprob_delta(full.logprobs, inj1.logprobs),

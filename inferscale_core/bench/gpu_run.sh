@@ -3,11 +3,21 @@
 #
 # On a machine with PyPI, once:   cp -r ../shared/gpu .gpu && bash .gpu/build_kit.sh
 #                                 mkdir -p .gpu/tok && cp <SmolLM2 folder>/tokenizer*.json .gpu/tok/
+#                                 mkdir -p .gpu/pywheels && pip download -d .gpu/pywheels pytest pytest-timeout
+#   for RETRIEVAL=1 also:         cp -r ../shared/gpu/cuvs .gpu/cuvs && bash .gpu/cuvs/build_kit.sh
+#                                 inferscale-assistant bench retrieval --export-vectors .gpu/vectors.npz
+#                                 cp -r <MiniLM folder> files config.json, tokenizer* into .gpu/minilm/
+#   for ENCODE=1 also:            mkdir -p .gpu/data && cp ../shared/data/locomo/locomo10.json .gpu/data/
+#                                 and the pure-Python deps of the fact log in .gpu/pydeps (pip
+#                                 install --target: sqlite-utils sqlite-fts4 click python-dateutil
+#                                 ijson platformdirs pluggy)
 # On the GPU machine, repo root:  bash .gpu/device.sh recv .xfer/c00; bash .gpu/device.sh recv .xfer/c01
+#   (RETRIEVAL=1: bash .gpu/cuvs/device.sh recv .xfer-cuvs/c00 and c01 too)
 #                                 bash inferscale_core/bench/gpu_run.sh
-# It installs the kit into /tmp/site (once), checks exactness on a tiny random Llama in bf16
-# (CUDA graphs on), then runs the 8B-shaped suite (inferscale_core/bench/gpu_suite.py).
-# Results: $OUT/exactness.json, $OUT/gpu_suite.json and the logs.
+# Steps (each can be turned off): GPU_TESTS=1 the CUDA tests (pytest); SKIP_EXACT=0 exactness on a
+# tiny random Llama in bf16 (CUDA graphs on); SUITE=1 the 8B-shaped suite (gpu_suite.py);
+# ENCODE=0 encoding throughput (gpu_encode.py); RETRIEVAL=0 exact vs CAGRA (retrieval.py).
+# Results: $OUT/*.json and the logs.
 set -u
 KIT=${KIT:-.gpu}
 OUT=${OUT:-/tmp/out}
@@ -22,11 +32,42 @@ export PYTHONPATH="/tmp/site:$(pwd)" PYTHONUNBUFFERED=1
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1
 export DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
+if [ "${GPU_TESTS:-1}" = 1 ]; then
+    if [ ! -e /tmp/kitstate/pytest.ok ]; then
+        python3 -m pip install -q --no-index --no-deps --target /tmp/site-py "$KIT"/pywheels/*.whl \
+            && touch /tmp/kitstate/pytest.ok
+    fi
+    PYTHONPATH="$PYTHONPATH:/tmp/site-py:$(pwd)/$KIT/pydeps" timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q \
+        -p no:cacheprovider tests/test_fused_inject.py tests/test_kvstore.py \
+        tests/test_paged_layouts.py tests/test_rope.py > "$OUT/pytest.log" 2>&1
+    echo "gpu tests rc=$?"; tail -3 "$OUT/pytest.log"
+fi
 if [ "${SKIP_EXACT:-0}" != 1 ]; then
     timeout "${EXACT_TIMEOUT:-240}" python3 tests/tiny_llama_check.py /tmp/tiny-exact "$KIT/tok" \
         bfloat16 > "$OUT/exactness.json" 2> "$OUT/exactness.log"
     echo "exactness rc=$?"; tail -1 "$OUT/exactness.json"; grep -i "error" "$OUT/exactness.log" | tail -5
 fi
-timeout "${SUITE_TIMEOUT:-420}" python3 -m inferscale_core.bench.gpu_suite "$OUT" > "$OUT/suite.log" 2>&1
-echo "suite rc=$?"
-grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/suite.log" | tail -40
+if [ "${ENCODE:-0}" = 1 ]; then
+    PYTHONPATH="$PYTHONPATH:$(pwd)/$KIT/pydeps" timeout "${ENCODE_TIMEOUT:-300}" \
+        python3 -m inferscale_core.bench.gpu_encode "$OUT" --tokenizer "$KIT/tok" \
+        --data "$KIT/data/locomo10.json" ${ENCODE_ARGS:-} > "$OUT/encode.log" 2>&1
+    echo "encode rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/encode.log" | tail -12
+fi
+if [ "${RETRIEVAL:-0}" = 1 ]; then
+    [ -d /tmp/site-cuvs ] || bash "$KIT/cuvs/device.sh" install > "$OUT/cuvs-install.log" 2>&1
+    bash "$KIT/cuvs/device.sh" _run env PYTHONPATH="/tmp/site:/tmp/site-cuvs:/tmp/site-py:$(pwd):$(pwd)/$KIT/pydeps" \
+        timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_vector_index.py \
+        > "$OUT/pytest-cagra.log" 2>&1
+    echo "CAGRA tests rc=$?"; tail -3 "$OUT/pytest-cagra.log"
+    timeout "${RETRIEVAL_TIMEOUT:-300}" bash "$KIT/cuvs/device.sh" _run env \
+        PYTHONPATH="/tmp/site:/tmp/site-cuvs:$(pwd):$(pwd)/$KIT/pydeps" \
+        python3 -m inferscale_core.bench.retrieval \
+        "$OUT" --vectors "$KIT/vectors.npz" --minilm-config "$KIT/minilm" > "$OUT/retrieval.log" 2>&1
+    echo "retrieval rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/retrieval.log" | tail -12
+fi
+if [ "${SUITE:-1}" = 1 ]; then
+    timeout "${SUITE_TIMEOUT:-420}" python3 -m inferscale_core.bench.gpu_suite "$OUT" \
+        > "$OUT/suite.log" 2>&1
+    echo "suite rc=$?"
+    grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/suite.log" | tail -40
+fi

@@ -8,7 +8,8 @@ meaning), and measures in that one engine and run:
 * TTFT for k in {0, 5, 15, 25, 50, 100} facts of 55 tokens + a 64-token question: injection,
   prompt injection with prefix caching on (fresh facts every run), and the warm identical prompt
   (prefix caching's best case); first streamed token, and ``LLM.generate`` wall time;
-* the connector's own load time per request (GPU-pool tier and host tier);
+* the connector's own load time per request (GPU-pool tier and host tier), with the fused
+  kernel and (``SUITE_UNFUSED=1``) with the unfused per-layer path;
 * throughput of 100 concurrent users, k=50 each (distinct sets), 32 output tokens.
 
 Results go to ``OUT_DIR/gpu_suite.json``. Exactness on the GPU is checked separately on a tiny
@@ -201,6 +202,63 @@ class Suite:
         out["pinned_h2d_gb_per_s"] = _pinned_bandwidth()
         return out
 
+    def fused_kernel(self, k: int = 50, iters: int = 50) -> dict[str, Any]:
+        """The one-kernel load alone at k (entries in the GPU pool), into scratch caches of the
+        engine's layout: GPU time per load (CUDA events), the CPU time to issue it (table +
+        launch), and the bandwidth it reaches (bytes read + written)."""
+        from inferscale_core.vllm_plugin.connector import in_process_worker
+        from inferscale_core.vllm_plugin.fused_inject import FusedInjector, SourcePiece
+        from inferscale_core.vllm_plugin.paged_layouts import PagedLayout
+
+        worker = in_process_worker()
+        if worker is None:
+            return {}
+        composed = self.request(k)
+        keys = [e.key for e in composed.entries]
+        self.store.prefetch(keys)
+        entries = [self.store.get(key) for key in keys]
+        layers, _, heads, dim = entries[0].k.shape
+        tokens = sum(e.k.shape[1] for e in entries)
+        block_size = worker.block_size
+        blocks = tokens // block_size + 1
+        caches = [  # FA3's layout on the H200: [blocks, heads, block_size, 2 * dim], NHD in memory
+            torch.empty(
+                blocks, block_size, heads, 2 * dim, dtype=torch.bfloat16, device="cuda"
+            ).permute(0, 2, 1, 3)
+            for _ in range(layers)
+        ]
+        layout = PagedLayout.FUSED_HEADS
+        injector = FusedInjector(caches, layout, block_size, heads, dim, worker.rope)
+        pieces, at = [], 0
+        for entry in entries:
+            n = entry.k.shape[1]
+            pieces.append(SourcePiece(entry.k, entry.v, 0, n, at))
+            at += n
+        slots = list(range(tokens))
+        injector.inject(pieces, 0, slots)  # compile
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        cpu = 0.0
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU busy: the loads queue up behind it and
+        start.record()  # the events then time the kernels alone, not the CPU issuing them
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            injector.inject(pieces, 0, slots)
+            cpu += time.perf_counter() - t0
+        end.record()
+        torch.cuda.synchronize()
+        gpu_ms = start.elapsed_time(end) / iters
+        moved = 2 * 2 * tokens * layers * heads * dim * entries[0].k.element_size()  # K+V, r+w
+        return {
+            "k": k,
+            "tokens": tokens,
+            "iters": iters,
+            "gpu_ms_per_load": gpu_ms,
+            "cpu_issue_ms": cpu / iters * 1e3,
+            "bytes_moved": moved,
+            "gb_per_s": moved / (gpu_ms / 1e3) / 1e9,
+        }
+
     def profile(self, k: int = 50, runs: int = 5) -> str:
         """Where a k-fact injection request spends its time: torch.profiler + cProfile."""
         import cProfile
@@ -298,13 +356,18 @@ def main(out: Path) -> None:
     result["ttft"] = suite.ttft()
     (out / "gpu_suite.json").write_text(json.dumps(result, indent=1))
     result["load_times"] = suite.load_times()
+    result["fused_kernel"] = suite.fused_kernel()
+    print("fused kernel:", result["fused_kernel"], flush=True)
     from inferscale_core.vllm_plugin.connector import in_process_worker
 
     worker = in_process_worker()
     if worker is not None and os.environ.get("SUITE_UNFUSED", "1") == "1":
-        worker.fused_rope = False  # the same with the unfused rotation, for comparison
+        # The same through the unfused path (gather, compiled rotation, per-layer writes).
+        result["kv_write"] = worker.kv_write
+        result["used_fused_kernel"] = worker.writes_with_fused_kernel
+        worker.kv_write = "backend"
         result["load_times_unfused"] = suite.load_times(runs=5)
-        worker.fused_rope = True
+        worker.kv_write = result["kv_write"]
     if os.environ.get("SUITE_PROFILE", "1") == "1":
         (out / "profile.txt").write_text(suite.profile())
     (out / "gpu_suite.json").write_text(json.dumps(result, indent=1))

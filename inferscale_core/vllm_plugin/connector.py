@@ -64,7 +64,7 @@ class InferScaleConnector(KVConnectorBase_V1):
             block_size = vllm_config.cache_config.block_size
             self._scheduler = InjectionScheduler(store, str(extra["fingerprint"]), block_size)
         else:
-            self._worker = InjectionWorker(vllm_config, store, extra.get("kv_write", "backend"))
+            self._worker = InjectionWorker(vllm_config, store, extra.get("kv_write", "auto"))
 
     # ---- worker side ----
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:

@@ -16,6 +16,7 @@ Layouts (logical shapes; strides may permute them):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 
 import torch
@@ -101,3 +102,30 @@ def gather_kv(
     if layout is PagedLayout.BLOCKS_FIRST:
         return cache[blocks, 0, offsets], cache[blocks, 1, offsets]
     raise UnknownLayoutError(str(layout))  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class CacheGeometry:
+    """Where K element ``(slot, head, dim)`` of one layer lives, in elements from the cache's
+    first element: ``(slot // block_size) * block_stride + (slot % block_size) * offset_stride
+    + head * head_stride + dim * dim_stride``; its V element is ``v_offset`` further on."""
+
+    block_size: int
+    block_stride: int
+    offset_stride: int
+    head_stride: int
+    dim_stride: int
+    v_offset: int
+
+
+def cache_geometry(cache: torch.Tensor, layout: PagedLayout, block_size: int) -> CacheGeometry:
+    """The element arithmetic of ``cache`` (any strides) in ``layout``, for kernels that write
+    it through raw pointers."""
+    s = cache.stride()
+    if layout is PagedLayout.FUSED_HEADS:  # [num_blocks, kv_heads, block_size, 2 * head_dim]
+        return CacheGeometry(block_size, s[0], s[2], s[1], s[3], (cache.shape[3] // 2) * s[3])
+    if layout is PagedLayout.KV_FIRST:  # [2, num_blocks, block_size, kv_heads, head_dim]
+        return CacheGeometry(block_size, s[1], s[2], s[3], s[4], s[0])
+    if layout is PagedLayout.BLOCKS_FIRST:  # [num_blocks, 2, block_size, kv_heads, head_dim]
+        return CacheGeometry(block_size, s[0], s[2], s[3], s[4], s[1])
+    raise UnknownLayoutError(str(layout))  # pragma: no cover - Enum is closed

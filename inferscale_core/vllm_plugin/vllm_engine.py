@@ -32,7 +32,7 @@ class EngineOptions:
     enable_prefix_caching: bool = True
     enforce_eager: bool | None = None  # None: eager on CPU, compiled + CUDA graphs on GPU
     seed: int = 0
-    kv_write: str = "backend"  # "torch": write known GPU layouts with torch indexing
+    kv_write: str = "auto"  # see worker_side: "fused" on a GPU where it applies, else "backend"
     extra: dict[str, Any] = field(default_factory=dict)  # more LLM(...) keyword arguments
     # more connector settings (kv_connector_extra_config), e.g. the store's gpu_bytes/host_bytes
     connector_extra: dict[str, Any] = field(default_factory=dict)

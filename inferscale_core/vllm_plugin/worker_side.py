@@ -1,12 +1,18 @@
 """Worker side of the connector: re-rotate stored pre-RoPE keys and write them into the cache.
 
-The write goes through the attention backend's own cache-update function
-(``layer.impl.do_kv_cache_update``), the same call the forward pass makes, so every cache
-layout (the CPU backend's ISA-packed keys, FLASH_ATTN's blocks) is written as the backend
-expects it. On a GPU, ``kv_write="torch"`` writes the layouts of ``paged_layouts`` with plain
-torch indexing instead (to be fused across layers for the GPU issue). The load is synchronous,
-before the forward, and never touches ``forward_context.attn_metadata`` (None under full CUDA
-graphs).
+How the cache is written (``kv_write``):
+
+* ``"fused"`` (GPU): one Triton kernel re-rotates the keys of every layer and writes K and V
+  straight from the stored entries into the paged cache (:mod:`.fused_inject`), for the layouts
+  ``paged_layouts`` knows (vLLM 0.26 FLASH_ATTN / FLASHINFER / TRITON_ATTN).
+* ``"backend"``: the attention backend's own cache-update function
+  (``layer.impl.do_kv_cache_update``), the call the forward pass makes, so every layout (the CPU
+  backend's ISA-packed keys included) is written as the backend expects it; one call per layer.
+* ``"torch"`` (GPU): plain torch indexing per layer over the layouts of ``paged_layouts``.
+* ``"auto"`` (default): ``"fused"`` where it applies, else ``"backend"``.
+
+The load is synchronous, before the forward, and never touches
+``forward_context.attn_metadata`` (None under full CUDA graphs).
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ import torch
 
 from inferscale_core.kvstore import KVStore
 from inferscale_core.rope import RopeSpec, cos_sin, rotate, rotate_fused
+from inferscale_core.vllm_plugin import fused_inject
+from inferscale_core.vllm_plugin.fused_inject import FusedInjector, SourcePiece
 from inferscale_core.vllm_plugin.metadata import InjectionMetadata, LoadOp
 from inferscale_core.vllm_plugin.paged_layouts import (
     PagedLayout,
@@ -35,6 +43,8 @@ log = logging.getLogger(__name__)
 
 # GPU attention backends whose paged cache layouts paged_layouts.py knows (vLLM 0.26).
 _TORCH_WRITABLE_BACKENDS = frozenset({"FLASH_ATTN", "FLASHINFER", "TRITON_ATTN"})
+
+KV_WRITE_MODES = ("auto", "fused", "backend", "torch")
 
 # Model types whose RoPE rotates interleaved pairs (GPT-J style) instead of halves (NeoX style).
 _GPTJ_STYLE_MODEL_TYPES = frozenset({"gptj", "chatglm", "glm"})
@@ -58,9 +68,10 @@ def attention_layers(vllm_config: VllmConfig) -> list[tuple[str, Any]]:
 class InjectionWorker:
     """Executes the step's :class:`LoadOp` list before the forward."""
 
-    def __init__(self, vllm_config: VllmConfig, store: KVStore, kv_write: str = "backend") -> None:
-        if kv_write not in ("backend", "torch"):
-            raise ValueError(f"kv_write must be 'backend' or 'torch', got {kv_write!r}")
+    def __init__(self, vllm_config: VllmConfig, store: KVStore, kv_write: str = "auto") -> None:
+        if kv_write not in KV_WRITE_MODES:
+            modes = ", ".join(KV_WRITE_MODES)
+            raise ValueError(f"kv_write must be one of {modes}, got {kv_write!r}")
         self.kv_write = kv_write
         self.vllm_config = vllm_config
         self.store = store
@@ -72,6 +83,7 @@ class InjectionWorker:
         self._layers: list[tuple[str, Any]] | None = None
         self._layouts: dict[str, PagedLayout] | None = None
         self._buffers: dict[str, torch.Tensor] = {}
+        self._injector: FusedInjector | None = None
         self._rotary: Callable[[torch.Tensor, torch.Tensor], None] | bool | None = None
         self.sync_timing = False  # benchmarks set it to time GPU work exactly (adds syncs)
         self.fused_rope = True  # on CUDA: one torch.compile'd kernel for the re-rotation
@@ -102,6 +114,48 @@ class InjectionWorker:
                 except UnknownLayoutError as exc:
                     log.info("layer %s: using the backend's cache update: %s", name, exc)
         return self._layouts
+
+    @property
+    def writes_with_fused_kernel(self) -> bool:
+        """Whether loads so far went through the one-kernel writer."""
+        return self._injector is not None
+
+    def fused_injector(self) -> FusedInjector | None:
+        """The one-kernel writer for these caches, when ``kv_write`` allows it and it applies
+        (CUDA caches of one known layout, Triton present); None otherwise."""
+        if self.kv_write not in ("auto", "fused"):
+            return None
+        caches = [_layer_cache(layer) for _, layer in self.layers]
+        if self._injector is not None and self._injector.matches(caches):
+            return self._injector
+        self._injector = None
+        layouts = self._torch_layouts
+        why = ""
+        if not fused_inject.available():
+            why = "Triton is not installed"
+        elif caches[0].device.type != "cuda":
+            why = "the KV cache is not on a CUDA device"
+        elif len(layouts) != len(self.layers) or len(set(layouts.values())) != 1:
+            why = "not every layer's cache has one layout the kernel knows"
+        if not why:
+            _, first = self.layers[0]
+            try:
+                self._injector = FusedInjector(
+                    caches,
+                    next(iter(layouts.values())),
+                    self.block_size,
+                    first.num_kv_heads,
+                    first.head_size,
+                    self.rope,
+                )
+            except ValueError as exc:
+                why = str(exc)
+        if why and self.kv_write == "fused":
+            raise RuntimeError(f"kv_write='fused' cannot be used: {why}")
+        if why:
+            log.info("writing injected KV through the backend: %s", why)
+            self.kv_write = "backend"  # decided once; "auto" does not retry every step
+        return self._injector
 
     def start_load_kv(self, meta: InjectionMetadata) -> None:
         # Bring every entry of this step to the fastest tier first (async on a GPU).
@@ -173,6 +227,31 @@ class InjectionWorker:
                 f"stored KV has {num_layers} layers for {len(layers)} and {tokens} tokens for"
                 f" {len(op.slots)} slots; the scheduler should have refused this request"
             )
+        injector = self.fused_injector() if device.type == "cuda" else None
+        if injector is not None:
+            pieces = [
+                SourcePiece(
+                    _on(entry.k, device),
+                    _on(entry.v, device),
+                    piece.src_start,
+                    piece.src_end,
+                    piece.dst_start,
+                )
+                for piece, entry in zip(op.pieces, entries, strict=True)
+            ]
+            if self.sync_timing:
+                torch.cuda.synchronize(device)
+            t2 = time.perf_counter()
+            injector.inject(pieces, op.start, op.slots)
+            if self.sync_timing:
+                torch.cuda.synchronize(device)
+            t3 = time.perf_counter()
+            return {
+                "tokens": float(tokens),
+                "get_ms": (t1 - t0) * 1e3,
+                "rotate_ms": (t2 - t1) * 1e3,  # staging of off-device entries only
+                "write_ms": (t3 - t2) * 1e3,  # the one kernel: re-rotation and all writes
+            }
         positions = torch.arange(op.start, op.end, dtype=torch.int64, device=device)  # [tokens]
         k_post = self._scratch("k", (num_layers, tokens, kv_heads, head_dim), dtype, device)
         v_all = self._scratch("v", (num_layers, tokens, kv_heads, head_dim_v), dtype, device)
@@ -248,6 +327,14 @@ def vllm_rotary(
         op(positions, k.view(tokens, heads * dim), None, dim, table, spec.is_neox_style)
 
     return rotate_
+
+
+def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device`` and contiguous (entries of the GPU pool already are: checked
+    cheaply, as this runs for every fact of every request)."""
+    if t.is_cuda and t.get_device() == device.index and t.is_contiguous():
+        return t
+    return t.to(device, non_blocking=True).contiguous()
 
 
 def _layer_cache(layer: Any) -> torch.Tensor:
