@@ -5,6 +5,7 @@ PNG plot (``--plot``) and a dated row with the exact command in a Markdown run l
 e.g. ``docs/BENCHMARKS.md``). Benches keep their KV entries in ``<data dir>/bench-kv``, apart
 from the user's memories. The latency benches (ttft, throughput, tiers) run on the real model,
 or with ``--dummy-config`` on dummy weights of any shape (a config.json; random ids and KV).
+``bench retrieval`` needs no engine: MiniLM and the vector indexes only.
 """
 
 from __future__ import annotations
@@ -292,6 +293,86 @@ def _run_encode(args: argparse.Namespace, console: Console) -> int:
     return _finish(result, args, console, encode)
 
 
+def _run_retrieval(args: argparse.Namespace, console: Console) -> int:
+    from inferscale_core.bench import retrieval
+    from inferscale_core.bench.report import command_line
+
+    sizes = [n for n in _ks(args, args.sizes, "--sizes") if n > 0]
+    if not sizes or args.k < 1 or args.queries < 1:
+        args.parser.error("--sizes needs a positive number, --k and --queries at least 1")
+    if min(sizes) < args.k:
+        args.parser.error(f"every --sizes value must be at least --k ({args.k})")
+    if args.vectors and args.export_vectors:
+        args.parser.error("--vectors reads exported vectors; --export-vectors writes them: one")
+    device = retrieval.resolve_device(args.device)
+    encoder = None
+    if args.vectors:
+        vectors = retrieval.load_vectors(args.vectors)
+    else:
+        from inferscale_core.embedder import SentenceTransformerEmbedder
+
+        embedder = SentenceTransformerEmbedder(device=str(device))
+        if args.export_vectors:
+            with console.status("embedding all of LoCoMo's texts and questions…"):
+                info = retrieval.export_vectors(
+                    args.export_vectors, _data(args), embedder, embedder.model_dir, args.seed
+                )
+            console.print(
+                f"wrote {info['vectors']} ({info['corpus_rows']} texts, {info['queries']}"
+                f" questions, {info['vectors_bytes'] / 1e6:.1f} MB) and"
+                f" {info['minilm_config']}/ ({info['minilm_config_bytes'] / 1e6:.2f} MB:"
+                " MiniLM's config and tokenizer, no weights)"
+            )
+            return 0
+        with console.status("embedding LoCoMo's texts and questions…"):
+            vectors = retrieval.locomo_vectors(
+                _data(args), embedder, texts=args.texts, questions=args.queries, seed=args.seed
+            )
+        encoder = retrieval.QueryEncoder(
+            lambda text: embedder.embed([text]),
+            f"SentenceTransformerEmbedder ({embedder.name}) on {device}",
+            "trained",
+        )
+    with console.status("benchmarking…") as status:
+        result = retrieval.run_retrieval(
+            vectors,
+            sizes,
+            k=args.k,
+            queries=args.queries,
+            device=device,
+            encoder=encoder,
+            noise=args.noise,
+            seed=args.seed,
+            command=command_line(),
+            on_progress=status.update,
+        )
+    _table(
+        f"Top-{result['k']} search (one question per call) on {result['device_name']},"
+        f" {result['queries']} questions",
+        result["rows"],
+        {
+            "N": lambda r: f"{r['n']:,}",
+            "index": lambda r: r["index"],
+            "build": lambda r: f"{r['build_s']:.2f} s",
+            "extend": lambda r: "" if r["extend_s"] is None else f"{r['extend_s'] * 1e3:.1f} ms",
+            "p50": lambda r: f"{r['search_s_median'] * 1e3:.2f} ms",
+            "p90": lambda r: f"{r['search_s_p90'] * 1e3:.2f} ms",
+            "batch q/s": lambda r: f"{r['batch_queries_per_s']:,.0f}",
+            "recall": lambda r: f"{r['recall_at_k']:.3f}",
+            "+embed p50": lambda r: (
+                ""
+                if r.get("embed_plus_search_s_median") is None
+                else f"{r['embed_plus_search_s_median'] * 1e3:.1f} ms"
+            ),
+        },
+    )
+    for what, why in result["skipped"].items():
+        Console().print(f"{what} skipped: {why}")
+    for cell, why in result["failed"].items():
+        Console().print(f"[red]{cell} failed: {why}[/red]")
+    return _finish(result, args, console, retrieval)
+
+
 def _run_locomo(args: argparse.Namespace, console: Console) -> int:
     from inferscale_core.bench import locomo
     from inferscale_core.bench.report import command_line
@@ -400,7 +481,7 @@ def _ks(args: argparse.Namespace, text: str, name: str = "--k") -> list[int]:
 
 
 # ---- the parsers ----
-def _outputs(parser: argparse.ArgumentParser) -> None:
+def _files(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, metavar="PATH", help="write raw samples as JSON here")
     parser.add_argument("--plot", type=Path, metavar="PATH", help="write a PNG plot here")
     parser.add_argument(
@@ -409,6 +490,10 @@ def _outputs(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="append a dated row with this command to the run log of this Markdown file",
     )
+
+
+def _outputs(parser: argparse.ArgumentParser) -> None:
+    _files(parser)
     parser.add_argument("--model", help="local Hugging Face model folder (default: SmolLM2)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (0)")
 
@@ -427,7 +512,7 @@ def _latency(parser: argparse.ArgumentParser, runs: int, warmup: int) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser(
-        "bench", help="measure: TTFT, throughput, KV tiers, encoding, LoCoMo accuracy"
+        "bench", help="measure: TTFT, throughput, KV tiers, encoding, retrieval, LoCoMo accuracy"
     )
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
 
@@ -481,6 +566,55 @@ def register(sub: argparse._SubParsersAction) -> None:
     enc.add_argument("--data", type=Path, help=data_help)
     _outputs(enc)
     enc.set_defaults(func=_run_encode, parser=enc)
+
+    ret = bench_sub.add_parser(
+        "retrieval",
+        help="embed + top-k search time at N facts, exact vs CAGRA, and CAGRA's recall@k",
+        description="Embeds LoCoMo's texts (observations + turns, ~8,400) and a seeded sample"
+        " of its questions with MiniLM; for N beyond the real texts, rows are real vectors plus"
+        " small Gaussian noise, renormalised (clustered like real text). For each N it times"
+        " build, extend, one-query search (median, p90) and batched search of the exact index"
+        " and of CAGRA (cuVS, CUDA only: reported skipped with the reason elsewhere), CAGRA's"
+        " recall@k against exact search, and embedding one question on the same device.",
+    )
+    ret.add_argument(
+        "--sizes", default="10000,100000", help="comma-separated corpus sizes N (10000,100000)"
+    )
+    ret.add_argument("--k", type=int, default=50, help="top-k per search (50)")
+    ret.add_argument("--queries", type=int, default=200, help="LoCoMo questions, seeded (200)")
+    ret.add_argument(
+        "--device", default="auto", help="where embedder and indexes run: auto (CUDA if any), cpu"
+    )
+    ret.add_argument(
+        "--texts",
+        type=int,
+        help="embed only this many LoCoMo texts as the real rows (all; not with --vectors)",
+    )
+    ret.add_argument(
+        "--vectors",
+        type=Path,
+        metavar="NPZ",
+        help="use vectors exported by --export-vectors (corpus [s, 384], queries [q, 384])"
+        " instead of embedding LoCoMo",
+    )
+    ret.add_argument(
+        "--export-vectors",
+        type=Path,
+        metavar="NPZ",
+        help="only embed all of LoCoMo into this .npz, with MiniLM's config and tokenizer"
+        " (no weights) in a .minilm folder beside it, for a GPU machine: see"
+        " python -m inferscale_core.bench.retrieval --help",
+    )
+    ret.add_argument(
+        "--noise",
+        type=float,
+        default=0.5,
+        help="expected norm of the noise added to a real vector for a synthetic one (0.5)",
+    )
+    ret.add_argument("--data", type=Path, help=data_help)
+    ret.add_argument("--seed", type=int, default=0, help="sampling and noise seed (0)")
+    _files(ret)
+    ret.set_defaults(func=_run_retrieval, parser=ret)
 
     loc = bench_sub.add_parser(
         "locomo",

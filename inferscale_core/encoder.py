@@ -34,21 +34,52 @@ class HFReferenceEncoder:
         fingerprint: str,
         dtype: torch.dtype = torch.float32,
         device: str = "cpu",
+        *,
+        kv_dtype: torch.dtype = torch.float32,
+        kv_device: str = "cpu",
     ) -> None:
         from transformers import AutoModelForCausalLM
 
-        self.fingerprint = fingerprint
-        self.device = device
-        self.model = AutoModelForCausalLM.from_pretrained(
-            str(model_dir), dtype=dtype, attn_implementation="eager"
+        model = AutoModelForCausalLM.from_pretrained(
+            str(model_dir), dtype=dtype, attn_implementation=attention_implementation(device)
         ).to(device)
+        self._adopt(model, fingerprint, kv_dtype, kv_device)
+
+    @classmethod
+    def from_model(
+        cls,
+        model: torch.nn.Module,
+        fingerprint: str,
+        *,
+        kv_dtype: torch.dtype = torch.float32,
+        kv_device: str = "cpu",
+    ) -> HFReferenceEncoder:
+        """An encoder over an already-built model (e.g. random weights from a config: the GPU
+        benches time encoding on shapes whose weights are not here)."""
+        encoder = cls.__new__(cls)
+        encoder._adopt(model, fingerprint, kv_dtype, kv_device)
+        return encoder
+
+    def _adopt(
+        self, model: torch.nn.Module, fingerprint: str, kv_dtype: torch.dtype, kv_device: str
+    ) -> None:
+        self.fingerprint = fingerprint
+        self.model = model
         self.model.eval()
+        self.device = next(model.parameters()).device
+        self.kv_dtype = kv_dtype  # what the entries hold: the serving KV cache's dtype
+        self.kv_device = torch.device(kv_device)
         self._lock = threading.Lock()
         config = self.model.config
         self.num_kv_heads: int = config.num_key_value_heads
         self.head_dim: int = getattr(config, "head_dim", None) or (
             config.hidden_size // config.num_attention_heads
         )
+
+    def synchronize(self) -> None:
+        """Wait until the device has run the queued work (CUDA is asynchronous; CPU is not)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _attention_modules(self) -> list[torch.nn.Module]:
         return [layer.self_attn for layer in self.model.model.layers]
@@ -86,11 +117,16 @@ class HFReferenceEncoder:
         for row, (key, ctx, entry_ids) in enumerate(items):
             start, n = len(ctx), len(entry_ids)
             shape = (layers, n, self.num_kv_heads, -1)
-            k = k_all[row, :, start : start + n].reshape(shape).float().cpu().contiguous()
-            v = v_all[row, :, start : start + n].reshape(shape).float().cpu().contiguous()
+            k = self._owned(k_all[row, :, start : start + n].reshape(shape))
+            v = self._owned(v_all[row, :, start : start + n].reshape(shape))
             # k, v: [layers, tokens, kv_heads, head_dim]
             out.append(FactKV(key, list(entry_ids), k, v, self.fingerprint))
         return out
+
+    def _owned(self, kv: torch.Tensor) -> torch.Tensor:
+        """A contiguous copy in the entry's dtype and place (never a view that would keep the
+        whole batch's K/V alive)."""
+        return kv.to(device=self.kv_device, dtype=self.kv_dtype, copy=True).contiguous()
 
     def _forward(self, ids: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """One forward pass; the per-layer K (pre-RoPE) and V it computed. Hold the lock."""
@@ -108,6 +144,16 @@ class HFReferenceEncoder:
             for handle in handles:
                 handle.remove()
         return keys, values
+
+
+def attention_implementation(device: torch.device | str) -> str:
+    """Hugging Face attention for the encoder on ``device``.
+
+    CUDA gets ``sdpa`` (fused kernels; with no attention mask it runs causal, so right padding
+    still changes nothing for the real tokens). CPU keeps ``eager``: it is the reference the
+    exactness tests compare vLLM's prefill against.
+    """
+    return "sdpa" if torch.device(device).type == "cuda" else "eager"
 
 
 def _capture(sink: list[torch.Tensor]):

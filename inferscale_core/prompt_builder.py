@@ -78,7 +78,7 @@ class PromptBuilder:
     def encode_many(
         self, facts: Sequence[MemoryFact], namespace: str | Sequence[str] = ""
     ) -> list[tuple[str, list[int]]]:
-        """Keys and token ids of ``facts``; the ones not in the store are encoded in one batch.
+        """Keys and token ids of ``facts``; the ones not in the store are encoded in batches.
 
         ``namespace`` (one for all, or one per fact) goes into the key, so that two profiles'
         identical facts never share a file that forgetting one of them would delete.
@@ -91,6 +91,9 @@ class PromptBuilder:
             material = (ENCODER_VERSION, space, tuple(context), tuple(ids))
             planned.append((entry_key("fact", self.fingerprint, *material), context, ids))
         missing = [item for item in planned if not self.store.has(item[0])]
+        # Shortest first, so each batch holds sequences of similar length and pads little;
+        # right padding is exact whatever the batch, and the result keeps the input order.
+        missing.sort(key=lambda item: len(item[1]) + len(item[2]))
         for start in range(0, len(missing), self.batch_size):
             for entry in self.encoder.encode_batch(missing[start : start + self.batch_size]):
                 self.store.put(entry)

@@ -93,8 +93,8 @@ class FactKV:
 
     key: str  # content-addressed id of the entry in the KV store
     token_ids: list[int]
-    k: torch.Tensor  # [layers, tokens, kv_heads, head_dim] fp32, pre-RoPE
-    v: torch.Tensor  # [layers, tokens, kv_heads, head_dim] fp32
+    k: torch.Tensor  # [layers, tokens, kv_heads, head_dim] pre-RoPE; fp32 (bf16 on a GPU)
+    v: torch.Tensor  # [layers, tokens, kv_heads, head_dim] same dtype as k
     fingerprint: str  # model fingerprint the tensors belong to
 
     def __post_init__(self) -> None:

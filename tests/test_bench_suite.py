@@ -1,4 +1,5 @@
-"""Smoke runs of ``bench throughput / tiers / encode / locomo`` on the session engine.
+"""Smoke runs of ``bench throughput / tiers / encode / locomo`` on the session engine, and of
+``bench retrieval`` (no engine: MiniLM and the vector indexes, exact only on the CPU).
 
 Tiny sizes (k of 2, a run or two, a few questions), so the benches cannot rot; the figures
 themselves come from the commands in docs/BENCHMARKS.md.
@@ -9,8 +10,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
-from inferscale_core.bench import encode, locomo, throughput, tiers
+from inferscale_core.bench import encode, locomo, retrieval, throughput, tiers
 from inferscale_core.bench.locomo_data import DEFAULT_PATH
 from inferscale_core.bench.prompts import FactPrompts
 from inferscale_core.bench.report import write_json
@@ -84,6 +86,30 @@ def test_encode_smoke_extrapolates_and_leaves_nothing_behind(runtime):
     assert set(runtime.store.keys()) <= before | {runtime.builder.prefix_key}
 
 
+def test_gpu_encode_smoke_on_cpu_writes_the_json(smollm2_path, tmp_path):
+    """The GPU encoding bench, run on the CPU: SmolLM2's shape cut to 2 layers, 3 facts."""
+    from inferscale_core.bench import gpu_encode
+
+    argv = [str(tmp_path), "--tokenizer", str(smollm2_path), "--data", str(DEFAULT_PATH)]
+    argv += ["--shapes", "smollm2-135m", "--ws", "0,2", "--layers", "2", "--limit", "3"]
+    assert gpu_encode.main([*argv, "--device", "cpu", "--batch-size", "2"]) == 0
+    result = json.loads((tmp_path / "gpu_encode.json").read_text())
+    assert result["bench"] == "gpu-encode" and "random weights" in result["weights"]
+    assert (result["device"], result["dtype"], result["attention"]) == ("cpu", "float32", "eager")
+    assert result["gpu"] is None and result["torch"] and result["transformers"]
+    assert result["batch_size"] == 2 and result["limit"] == 3
+    assert [(m["shape"], m["layers"]) for m in result["models"]] == [("smollm2-135m", 2)]
+    cells = {(row["sink"], row["w"]): row for row in result["rows"]}
+    assert set(cells) == {(sink, w) for sink in gpu_encode.SINKS for w in (0, 2)}
+    for row in cells.values():
+        assert row["facts"] == 3 and row["all_facts"] == 2541 and row["all_extrapolated"]
+        assert row["facts_per_s"] > 0 and row["tokens_per_s"] > 0 and row["seconds"] > 0
+        assert row["all_seconds"] == pytest.approx(2541 / row["facts_per_s"])
+        assert row["target_met"] == (row["all_seconds"] <= gpu_encode.TARGET_S)
+    assert cells[("device", 2)]["context_tokens"] > cells[("device", 0)]["context_tokens"]
+    assert result["target"] == {"w": 20, "all_seconds": 60.0, "met": {}}  # w=20 not run
+
+
 def test_locomo_smoke_answers_scores_rescores_and_judges(runtime, tmp_path):
     path = tmp_path / "locomo.json"
     result = locomo.run_locomo(
@@ -124,3 +150,59 @@ def test_locomo_smoke_answers_scores_rescores_and_judges(runtime, tmp_path):
     assert "judged_accuracy" in judged["scores"]["cells"]["prompt@k1"]
     locomo.plot(result, tmp_path / "locomo.png")
     write_json(judged, tmp_path / "judged.json")
+
+
+def test_retrieval_smoke_exact_on_the_cpu_cagra_skipped(tmp_path):
+    from inferscale_core.embedder import SentenceTransformerEmbedder
+
+    embedder = SentenceTransformerEmbedder()
+    vectors = retrieval.locomo_vectors(DEFAULT_PATH, embedder, texts=200, questions=20)
+    assert vectors.corpus.shape == (200, 384) and vectors.queries.shape == (20, 384)
+    encoder = retrieval.QueryEncoder(lambda text: embedder.embed([text]), "MiniLM", "trained")
+    result = retrieval.run_retrieval(
+        vectors, [500, 2000], k=50, queries=20, device="cpu", encoder=encoder
+    )
+    assert "CUDA" in result["skipped"]["cagra"]  # IndexUnavailableError's reason
+    assert result["failed"] == {}
+    assert [(r["n"], r["index"]) for r in result["rows"]] == [(500, "exact"), (2000, "exact")]
+    for row in result["rows"]:
+        assert row["recall_at_k"] == row["batch_recall_at_k"] == 1.0  # exact against itself
+        assert row["extend_rows"] == row["n"] // 10 and row["build_rows"] == row["n"] * 9 // 10
+        assert row["build_s"] > 0 and row["extend_s"] > 0 and row["batch_queries_per_s"] > 0
+        assert len(row["search_s"]) == 20
+        assert 0 < row["search_s_median"] <= row["search_s_p90"] < 1
+        assert row["embed_plus_search_s_median"] > row["search_s_median"]
+    embed = result["embed"]
+    assert embed["weights"] == "trained" and 0 < embed["s_median"] <= embed["s_p90"]
+    real, expanded = result["corpora"]
+    assert (real["real_rows"], real["synthetic_rows"]) == (200, 300)
+    assert (expanded["real_rows"], expanded["synthetic_rows"]) == (200, 1800)
+    assert 0 < expanded["nn_cosine_median"] < 1  # noisy copies: near their seed, not equal
+    assert "cagra skipped" in retrieval.headline(result)
+    retrieval.plot(result, tmp_path / "retrieval.png")
+    write_json(result, tmp_path / "retrieval.json")
+
+    # The GPU machine's way: exported vectors, MiniLM's config and tokenizer without weights.
+    npz = tmp_path / "vectors.npz"
+    retrieval.save_vectors(vectors, npz)
+    assert retrieval.copy_minilm_config(embedder.model_dir, retrieval.minilm_config_dir(npz)) < 1e6
+    assert torch.allclose(retrieval.load_vectors(npz).corpus, vectors.corpus, atol=1e-6)
+    out = tmp_path / "gpu-like"
+    retrieval.main([str(out), "--vectors", str(npz), "--sizes", "300", "--queries", "4"])
+    saved = json.loads((out / "retrieval.json").read_text())
+    assert saved["embed"]["weights"] == "random" and saved["embed"]["s_median"] > 0
+    assert saved["rows"][0]["recall_at_k"] == 1.0 and saved["device"] == "cpu"
+    assert saved["command"].startswith("python -m inferscale_core.bench.retrieval")
+
+
+def test_minilm_forward_computes_what_the_embedder_does():
+    """The embed timing's transformers-only path is the product's computation."""
+    from inferscale_core.embedder import SentenceTransformerEmbedder
+    from inferscale_core.models import minilm_dir
+
+    texts = ["What did Caroline research?", "Melanie painted a sunrise over the lake in 2022."]
+    forward = retrieval.MiniLMForward(minilm_dir(), torch.device("cpu"))
+    assert forward.trained
+    ours = torch.cat([forward(text) for text in texts])  # [2, 384]
+    theirs = SentenceTransformerEmbedder().embed(texts)  # [2, 384]
+    assert torch.allclose(ours, theirs, atol=1e-5)

@@ -90,13 +90,17 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
-def write_dummy_config(folder: Path, shape: str = "llama-3.1-8b") -> Path:
-    """Write ``folder/config.json`` of a built-in shape; returns the folder."""
+def write_dummy_config(
+    folder: Path, shape: str = "llama-3.1-8b", overrides: dict[str, Any] | None = None
+) -> Path:
+    """Write ``folder/config.json`` of a built-in shape, with ``overrides`` (e.g.
+    ``{"num_hidden_layers": 2}`` for a CPU smoke run); returns the folder."""
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; built-in shapes: {', '.join(SHAPES)}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    config = {k: v for k, v in SHAPES[shape].items() if v is not None}
+    merged = {**SHAPES[shape], **(overrides or {})}
+    config = {k: v for k, v in merged.items() if v is not None}
     (folder / "config.json").write_text(json.dumps(config, indent=1) + "\n")
     return folder
 

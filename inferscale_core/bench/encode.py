@@ -14,7 +14,8 @@ import random
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from inferscale_core.bench.locomo_data import LocomoMemory
 from inferscale_core.bench.report import figure, footnote, provenance, save_figure
 from inferscale_core.factlog import FactLog
 from inferscale_core.prompt_builder import PromptBuilder
+from inferscale_core.types import Fact
 
 
 def run_encode(
@@ -37,47 +39,9 @@ def run_encode(
 ) -> dict[str, Any]:
     """Measure and return the JSON-ready result (``{"bench": "encode", "rows": [...]}``)."""
     header = provenance("encode", model_name, command)
-    with tempfile.TemporaryDirectory() as tmp:
-        on_progress("importing LoCoMo into a scratch fact log")
-        factlog = FactLog.open(Path(tmp) / "facts.db")
-        try:
-            memory = LocomoMemory(factlog, data)
-            facts = [f for p in memory.profiles.values() for f in factlog.active_facts(p)]
-            chosen = (
-                facts
-                if limit is None
-                else random.Random(seed).sample(facts, min(limit, len(facts)))
-            )
-            builder.ensure_prefix()
-            rows = []
-            for w in ws:
-                memory_facts = [memory.memory_fact(f, w) for f in chosen]
-                context_tokens = sum(len(builder.context_ids(m.context)) for m in memory_facts)
-                space = f"bench-encode/{uuid.uuid4().hex}"
-                on_progress(f"w={w}: encoding {len(chosen)} facts")
-                t0 = time.perf_counter()
-                entries = builder.encode_many(memory_facts, space)
-                seconds = time.perf_counter() - t0
-                fact_tokens = sum(len(ids) for _, ids in entries)
-                for key, _ in entries:
-                    builder.store.delete(key)
-                rate = len(chosen) / seconds
-                rows.append(
-                    {
-                        "w": w,
-                        "facts": len(chosen),
-                        "seconds": seconds,
-                        "facts_per_s": rate,
-                        "fact_tokens": fact_tokens,
-                        "context_tokens": context_tokens,  # prefix + w turns, summed
-                        "tokens_per_s": (fact_tokens + context_tokens) / seconds,
-                        "all_facts": len(facts),
-                        "all_seconds": len(facts) / rate,
-                        "all_extrapolated": len(chosen) < len(facts),
-                    }
-                )
-        finally:
-            factlog.close()
+    with locomo_facts(data, on_progress) as (memory, facts):
+        chosen = sample_facts(facts, limit, seed)
+        rows = encode_rows(builder, memory, chosen, len(facts), ws, on_progress=on_progress)
     return {
         **header,
         "facts": "LoCoMo observations with their w preceding turns (product encoder)",
@@ -86,6 +50,78 @@ def run_encode(
         "seed": seed,
         "rows": rows,
     }
+
+
+@contextmanager
+def locomo_facts(
+    data: Path, on_progress: Callable[[str], None] = lambda message: None
+) -> Iterator[tuple[LocomoMemory, list[Fact]]]:
+    """LoCoMo imported into a scratch fact log: the memory and every active fact (2,541)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        on_progress("importing LoCoMo into a scratch fact log")
+        factlog = FactLog.open(Path(tmp) / "facts.db")
+        try:
+            memory = LocomoMemory(factlog, data)
+            yield memory, [f for p in memory.profiles.values() for f in factlog.active_facts(p)]
+        finally:
+            factlog.close()
+
+
+def sample_facts(facts: Sequence[Fact], limit: int | None, seed: int) -> list[Fact]:
+    """All facts, or a seeded sample of ``limit`` across all conversations."""
+    if limit is None:
+        return list(facts)
+    return random.Random(seed).sample(list(facts), min(limit, len(facts)))
+
+
+def encode_rows(
+    builder: PromptBuilder,
+    memory: LocomoMemory,
+    chosen: Sequence[Fact],
+    all_facts: int,
+    ws: Sequence[int],
+    *,
+    warmup: int = 0,
+    on_progress: Callable[[str], None] = lambda message: None,
+) -> list[dict[str, Any]]:
+    """One row per w: ``chosen`` encoded through ``builder`` under a fresh namespace, timed
+    (after ``warmup`` facts encoded untimed, e.g. a GPU's first kernels), then deleted."""
+    builder.ensure_prefix()
+    rows = []
+    for w in ws:
+        memory_facts = [memory.memory_fact(f, w) for f in chosen]
+        context_tokens = sum(len(builder.context_ids(m.context)) for m in memory_facts)
+        if warmup:
+            warm = builder.encode_many(memory_facts[:warmup], f"bench-warmup/{uuid.uuid4().hex}")
+            builder.encoder.synchronize()
+            for key, _ in warm:
+                builder.store.delete(key)
+        space = f"bench-encode/{uuid.uuid4().hex}"
+        on_progress(f"w={w}: encoding {len(chosen)} facts")
+        t0 = time.perf_counter()
+        entries = builder.encode_many(memory_facts, space)
+        builder.encoder.synchronize()  # a GPU may still be running the last batch
+        seconds = time.perf_counter() - t0
+        fact_tokens = sum(len(ids) for _, ids in entries)
+        for key, _ in entries:
+            builder.store.delete(key)
+        rate = len(chosen) / seconds
+        on_progress(f"w={w}: {rate:.1f} facts/s ({seconds:.1f} s for {len(chosen)})")
+        rows.append(
+            {
+                "w": w,
+                "facts": len(chosen),
+                "seconds": seconds,
+                "facts_per_s": rate,
+                "fact_tokens": fact_tokens,
+                "context_tokens": context_tokens,  # prefix + w turns, summed
+                "tokens_per_s": (fact_tokens + context_tokens) / seconds,
+                "all_facts": all_facts,
+                "all_seconds": all_facts / rate,
+                "all_extrapolated": len(chosen) < all_facts,
+            }
+        )
+    return rows
 
 
 def headline(result: dict[str, Any]) -> str:
