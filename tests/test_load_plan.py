@@ -111,4 +111,4 @@ def test_truncated_plan_keeps_leading_positions():
 
 def test_slot_mapping_follows_block_table():
     # block size 4; the request's blocks are 7, 3, 9
-    assert slot_mapping([7, 3, 9], 4, 2, 10) == [30, 31, 12, 13, 14, 15, 36, 37]
+    assert slot_mapping([7, 3, 9], 4, 2, 10).tolist() == [30, 31, 12, 13, 14, 15, 36, 37]

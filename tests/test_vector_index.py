@@ -209,7 +209,7 @@ def test_cagra_index_on_the_gpu():
         n, dim, generator=g
     )
     data = data / data.norm(dim=1, keepdim=True)  # [n, dim]
-    index = make_index(dim, "cuda", size_hint=n)
+    index = make_index(dim, "cuda", size_hint=n, cagra_threshold=n)
     assert isinstance(index, CagraIndex)
     index.add(list(range(n)), data)
     assert index._graph is not None

@@ -5,8 +5,8 @@
 #                                 mkdir -p .gpu/tok && cp <SmolLM2 folder>/tokenizer*.json .gpu/tok/
 #                                 mkdir -p .gpu/pywheels && pip download -d .gpu/pywheels pytest pytest-timeout
 #   for RETRIEVAL=1 also:         cp -r ../shared/gpu/cuvs .gpu/cuvs && bash .gpu/cuvs/build_kit.sh
-#                                 inferscale-assistant bench retrieval --export-vectors .gpu/vectors.npz
-#                                 cp -r <MiniLM folder> files config.json, tokenizer* into .gpu/minilm/
+#                                 inferscale-assistant bench retrieval \
+#                                     --export-vectors .gpu/retrieval/vectors.npz
 #   for ENCODE=1 also:            mkdir -p .gpu/data && cp ../shared/data/locomo/locomo10.json .gpu/data/
 #                                 and the pure-Python deps of the fact log in .gpu/pydeps (pip
 #                                 install --target: sqlite-utils sqlite-fts4 click python-dateutil
@@ -38,8 +38,8 @@ if [ "${GPU_TESTS:-1}" = 1 ]; then
             && touch /tmp/kitstate/pytest.ok
     fi
     PYTHONPATH="$PYTHONPATH:/tmp/site-py:$(pwd)/$KIT/pydeps" timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q \
-        -p no:cacheprovider tests/test_fused_inject.py tests/test_kvstore.py \
-        tests/test_paged_layouts.py tests/test_rope.py > "$OUT/pytest.log" 2>&1
+        -p no:cacheprovider ${GPU_TEST_FILES:-tests/test_fused_inject.py tests/test_kvstore.py \
+        tests/test_paged_layouts.py tests/test_rope.py} > "$OUT/pytest.log" 2>&1
     echo "gpu tests rc=$?"; tail -3 "$OUT/pytest.log"
 fi
 if [ "${SKIP_EXACT:-0}" != 1 ]; then
@@ -62,7 +62,7 @@ if [ "${RETRIEVAL:-0}" = 1 ]; then
     timeout "${RETRIEVAL_TIMEOUT:-300}" bash "$KIT/cuvs/device.sh" _run env \
         PYTHONPATH="/tmp/site:/tmp/site-cuvs:$(pwd):$(pwd)/$KIT/pydeps" \
         python3 -m inferscale_core.bench.retrieval \
-        "$OUT" --vectors "$KIT/vectors.npz" --minilm-config "$KIT/minilm" > "$OUT/retrieval.log" 2>&1
+        "$OUT" --vectors "$KIT/retrieval/vectors.npz" > "$OUT/retrieval.log" 2>&1
     echo "retrieval rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/retrieval.log" | tail -12
 fi
 if [ "${SUITE:-1}" = 1 ]; then

@@ -156,12 +156,33 @@ class FusedInjector:
             _element_offsets(first, self.caches), dtype=torch.int64, device=self.device
         )  # [layers]
         self._cos = self._sin = torch.empty(0, rope.rotary_dim // 2)
+        self._host_table = torch.empty(0, dtype=torch.int64)  # pinned, [6 * tokens] reused
+        self._device_table = torch.empty(0, dtype=torch.int64, device=self.device)
+        self._copied: torch.cuda.Event | None = None  # when the last table copy was done
 
-    def matches(self, caches: Sequence[torch.Tensor]) -> bool:
-        """Whether ``caches`` are still the tensors this injector was made for."""
-        return len(caches) == len(self.caches) and all(
-            a.data_ptr() == b.data_ptr() for a, b in zip(caches, self.caches, strict=True)
-        )
+    def _stage(
+        self, pieces: Sequence[SourcePiece], first: SourcePiece, start: int, slots: Sequence[int]
+    ) -> torch.Tensor:
+        """The per-token table, built in a reused pinned buffer and copied asynchronously
+        (a pageable copy would block until the GPU drains)."""
+        tokens = len(slots)
+        size = _ROWS * tokens
+        if self._device_table.numel() < size:
+            capacity = max(_ROWS * 4096, 1 << (size - 1).bit_length())
+            pin = self.device.type == "cuda"
+            self._host_table = torch.empty(capacity, dtype=torch.int64, pin_memory=pin)
+            self._device_table = torch.empty(capacity, dtype=torch.int64, device=self.device)
+            self._copied = None
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous copy has read the host buffer
+        host = self._host_table[:size].view(_ROWS, tokens)
+        _token_table(pieces, first, start, slots, self.kv_heads * self.head_dim, host.numpy())
+        device = self._device_table[:size].view(_ROWS, tokens)
+        device.copy_(host, non_blocking=True)
+        if self.device.type == "cuda":
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+        return device
 
     def _tables(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin for positions ``[0, end)`` at least, grown by powers of two."""
@@ -197,8 +218,7 @@ class FusedInjector:
                 raise ValueError("stage the pieces on the cache's device first")
             if not (piece.k.is_contiguous() and piece.v.is_contiguous()):
                 raise ValueError("the pieces must be contiguous [layers, tokens, heads, dim]")
-        table = _token_table(pieces, first, start, slots, self.kv_heads * self.head_dim)
-        table = torch.from_numpy(table).to(self.device, non_blocking=True)  # [6, tokens]
+        table = self._stage(pieces, first, start, slots)  # int64 [6, tokens] on the device
         cos, sin = self._tables(start + tokens)
         g = self.geometry
         _inject_kernel[(tokens, layers)](
@@ -244,9 +264,10 @@ def _token_table(
     start: int,
     slots: Sequence[int],
     row_elements: int,  # kv_heads * head_dim: one token of one layer
-) -> np.ndarray:
-    """int64 [6, tokens]: per request position, where its K and V rows start (layer 0), the
-    entry's layer stride, its slot and its position. Checks that the pieces tile the span."""
+    table: np.ndarray,  # int64 [6, tokens], filled here
+) -> None:
+    """Per request position: where its K and V rows start (layer 0), the entry's layer
+    stride, its slot and its position. Checks that the pieces tile the span."""
     tokens = len(slots)
     lengths = np.array([p.src_end - p.src_start for p in pieces], dtype=np.int64)  # [pieces]
     if (lengths <= 0).any() or lengths.sum() != tokens:
@@ -262,11 +283,9 @@ def _token_table(
     if column.min() < 0 or column.max() >= tokens or np.bincount(column).max() != 1:
         raise ValueError("the pieces do not tile the request's span exactly once")
     source_token = src_start[piece_of] + within
-    table = np.empty((_ROWS, tokens), dtype=np.int64)
     table[_K_OFFSET, column] = k_base[piece_of] + source_token * row_elements
     table[_V_OFFSET, column] = v_base[piece_of] + source_token * row_elements
     table[_K_LAYER_STRIDE, column] = entry_tokens[piece_of] * row_elements
     table[_V_LAYER_STRIDE, column] = entry_tokens[piece_of] * row_elements
     table[_SLOT] = np.asarray(slots, dtype=np.int64)
     table[_POSITION] = np.arange(start, start + tokens, dtype=np.int64)
-    return table

@@ -1,7 +1,8 @@
-"""Scheduler -> worker metadata of one engine step. Pickled by vLLM: ids and slots, no tensors."""
+"""Scheduler -> worker metadata of one engine step, pickled by vLLM: ids and slots, no tensors."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
@@ -17,7 +18,7 @@ class LoadOp:
     start: int
     end: int
     pieces: list[Piece]
-    slots: list[int]  # [end - start] cache slot of each position
+    slots: Sequence[int]  # int64 [end - start] cache slot of each position (numpy array)
 
 
 @dataclass
