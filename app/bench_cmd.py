@@ -379,9 +379,16 @@ def _run_locomo(args: argparse.Namespace, console: Console) -> int:
 
     if args.rescore:
         return _rescore(args, console)
-    ks, ws = _ks(args, args.k), _ks(args, args.w, "--w")
+    ks = _ks(args, args.k)
+    ws = [] if args.w.strip().lower() == "none" else _ks(args, args.w, "--w")
     if min(ks) < 1:
         args.parser.error("--k needs numbers >= 1")
+    reference = [name for name in args.reference.split(",") if name.strip()]
+    unknown = set(reference) - set(locomo.REFERENCES)
+    if unknown:
+        args.parser.error(
+            f"--reference takes {', '.join(locomo.REFERENCES)}; got {', '.join(sorted(unknown))}"
+        )
     resume = None
     if args.resume:
         if not args.json or not args.json.exists():
@@ -400,6 +407,7 @@ def _run_locomo(args: argparse.Namespace, console: Console) -> int:
             max_tokens=args.max_tokens,
             logprobs=args.logprobs,
             kl=not args.no_kl,
+            reference=reference,
             batch=args.batch,
             json_path=args.json,
             resume=resume,
@@ -625,7 +633,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     loc.add_argument("--sample", type=int, default=200, help="questions, seeded (200)")
     loc.add_argument("--k", default="5,20,50", help="comma-separated numbers of facts")
-    loc.add_argument("--w", default="0,20", help="comma-separated context sizes (0,20)")
+    loc.add_argument(
+        "--w",
+        default="0,20",
+        help="comma-separated context sizes for KV injection (0,20); 'none' for no injection",
+    )
+    loc.add_argument(
+        "--reference",
+        default="",
+        metavar="MODES",
+        help="also answer in these reference modes: 'reorder' = prompt injection of the same"
+        " facts in another seeded order (how far a harmless change moves answers and KL)",
+    )
     loc.add_argument("--max-tokens", type=int, default=32, help="answer length limit (32)")
     loc.add_argument("--logprobs", type=int, default=20, help="top logprobs for the KL (20)")
     loc.add_argument("--no-kl", action="store_true", help="skip the KL comparison")

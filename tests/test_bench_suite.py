@@ -120,26 +120,46 @@ def test_locomo_smoke_answers_scores_rescores_and_judges(runtime, tmp_path):
         ks=[1, 3],
         ws=[0, 1],
         max_tokens=4,
+        reference=["reorder"],
         json_path=path,
     )
     saved = json.loads(path.read_text())
     assert len(saved["questions"]) == 2
     cells = saved["scores"]["cells"]
-    assert set(cells) == {f"{m}@k{k}" for k in (1, 3) for m in ("prompt", "inject_w0", "inject_w1")}
+    modes = ("prompt", "inject_w0", "inject_w1", "reorder")
+    assert set(cells) == {f"{m}@k{k}" for k in (1, 3) for m in modes}
     for q in saved["questions"]:
         assert len(q["retrieved"]) == 3
         for key, answer in q["answers"].items():
             assert answer["text"] and answer["tokens"] <= 4
-            if key.startswith("inject"):
+            if not key.startswith("prompt@"):
                 baseline = q["answers"]["prompt@" + key.split("@")[1]]
-                assert answer["injected_tokens"] > 0
+                assert (answer["injected_tokens"] > 0) == key.startswith("inject")
                 assert len(answer["kl"]["per_token"]) == baseline["tokens"]
     assert cells["inject_w0@k3"]["kl_mean_per_token"] >= 0
     assert 0 <= cells["inject_w0@k3"]["top1_agreement"] <= 1
-    # k=1 with w=0: the one fact is encoded right after the prefix, so injection is exact.
-    assert cells["inject_w0@k1"]["top1_agreement"] == 1.0
-    assert cells["inject_w0@k1"]["kl_mean_per_token"] < 1e-3
+    # k=1 with w=0: the one fact is encoded right after the prefix, so injection is exact;
+    # and one fact has one order, so the reorder reference is the prompt itself.
+    for cell in ("inject_w0@k1", "reorder@k1"):
+        assert cells[cell]["top1_agreement"] == 1.0
+        assert cells[cell]["kl_mean_per_token"] < 1e-3
     assert locomo.score(saved) == saved["scores"]  # re-scoring a saved run gives the same
+    # A run saved before reference modes existed resumes (nothing left to answer).
+    old = json.loads(path.read_text())
+    del old["settings"]["reference"]
+    for q in old["questions"]:
+        q["answers"] = {c: a for c, a in q["answers"].items() if not c.startswith("reorder")}
+    resumed = locomo.run_locomo(
+        runtime.builder,
+        runtime.engine,
+        DEFAULT_PATH,
+        sample=2,
+        ks=[1, 3],
+        ws=[0, 1],
+        max_tokens=4,
+        resume=old,
+    )
+    assert [q["answers"] for q in resumed["questions"]] == [q["answers"] for q in old["questions"]]
 
     saved["questions"] = saved["questions"][:1]
     judged = locomo.judge_answers(  # the session model stands in for a judge

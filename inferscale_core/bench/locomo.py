@@ -7,7 +7,10 @@ greedy decoding, same question text:
 
 * ``prompt`` — prompt injection: the k fact lines prefilled as text;
 * ``inject_w<w>`` — KV injection of the same fact lines, each encoded after the system prefix
-  and its w preceding conversation turns (w=0: the prefix alone).
+  and its w preceding conversation turns (w=0: the prefix alone);
+* ``reorder`` (with ``reference=("reorder",)``) — prompt injection of the same facts in another,
+  seeded order: not a product mode but the yardstick for the others, i.e. how far answers and
+  next-token distributions move under a change that should not matter.
 
 Answers are scored with LoCoMo's own token F1 (:mod:`~inferscale_core.bench.locomo_score`),
 per category. Because a 135M model answers poorly, the answers' next-token distributions are
@@ -52,7 +55,8 @@ QA_PROMPT = (
     "Question: {question} Short answer:"
 )
 TEMPORAL_HINT = " Use the dates of the memories to answer with an approximate date."
-SETTINGS = ("data", "sample", "seed", "ks", "ws", "max_tokens", "logprobs", "kl")
+SETTINGS = ("data", "sample", "seed", "ks", "ws", "max_tokens", "logprobs", "kl", "reference")
+REFERENCES = ("reorder",)
 
 
 def user_text(question: Question) -> str:
@@ -61,8 +65,8 @@ def user_text(question: Question) -> str:
     return QA_PROMPT.format(question=text)
 
 
-def modes(ws: Sequence[int]) -> list[str]:
-    return ["prompt", *(f"inject_w{w}" for w in ws)]
+def modes(ws: Sequence[int], reference: Sequence[str] = ()) -> list[str]:
+    return ["prompt", *(f"inject_w{w}" for w in ws), *reference]
 
 
 def run_locomo(
@@ -77,6 +81,7 @@ def run_locomo(
     max_tokens: int = 32,
     logprobs: int = 20,
     kl: bool = True,
+    reference: Sequence[str] = (),
     batch: int = 8,
     json_path: Path | None = None,
     resume: dict[str, Any] | None = None,
@@ -90,6 +95,9 @@ def run_locomo(
     ``builder`` lends its encoder and store (its own system prompt is not used); ``resume`` is
     an earlier result of the same settings whose answered questions are kept.
     """
+    unknown = set(reference) - set(REFERENCES)
+    if unknown:
+        raise ValueError(f"unknown reference mode(s): {', '.join(sorted(unknown))}")
     settings = {
         "data": str(data),
         "sample": sample,
@@ -99,8 +107,11 @@ def run_locomo(
         "max_tokens": max_tokens,
         "logprobs": logprobs,
         "kl": kl,
+        "reference": list(reference),
     }
-    if resume is not None and {key: resume["settings"].get(key) for key in SETTINGS} != settings:
+    saved = dict(resume["settings"]) if resume is not None else {}
+    saved.setdefault("reference", [])  # runs from before reference modes existed
+    if resume is not None and {key: saved.get(key) for key in SETTINGS} != settings:
         raise ValueError("--resume: the saved run used other settings")
     result: dict[str, Any] = {
         **provenance("locomo", model_name, command),
@@ -191,7 +202,7 @@ class _Forcing:
     the target's tokens so far (the original prompt's blocks are in the prefix cache).
     """
 
-    def __init__(self, composed: ComposedPrompt, target: list[int]) -> None:
+    def __init__(self, composed: ComposedPrompt | list[int], target: list[int]) -> None:
         self.composed = composed
         self.target = target
         self.steps: list[dict[int, float]] = []
@@ -211,10 +222,12 @@ class _Forcing:
         if len(self.steps) == start:  # nothing usable came back: stop rather than loop
             self.target = self.target[:start]
 
-    def next_prompt(self) -> ComposedPrompt | None:
+    def next_prompt(self) -> ComposedPrompt | list[int] | None:
         if len(self.steps) >= len(self.target):
             return None
         c = self.composed
+        if not isinstance(c, ComposedPrompt):  # a plain prompt (a reference mode)
+            return [*c, *self.target[: len(self.steps)]]
         ids = c.prompt_ids + self.target[: len(self.steps)]
         return ComposedPrompt(ids, c.entries, c.fact_keys, c.cache_salt)
 
@@ -244,7 +257,8 @@ def _answer_chunk(
     """Answer a few questions at once: every request of a round goes in one engine batch.
 
     Round 1: prompt injection for every (question, k); round 2: KV injection for every
-    (question, k, w); then the KL continuations, round after round, until none is left.
+    (question, k, w) (and the reference modes); then the KL continuations, round after round,
+    until none is left.
     """
     gen = {"max_tokens": settings["max_tokens"], "logprobs": settings["logprobs"]}
     prompts: dict[tuple[int, str], Any] = {}  # (question #, cell) -> prompt
@@ -254,12 +268,16 @@ def _answer_chunk(
             top = [hit.fact for hit in hits[q.id][-k:]]  # the best k, still best last
             memory_facts = [MemoryFact(f.text, f.refers_to) for f in top]
             prompts[(i, f"prompt@k{k}")] = builder.prompt_injection_ids(memory_facts, text)
+            if "reorder" in settings["reference"]:
+                shuffled = list(memory_facts)
+                random.Random(f"{settings['seed']}/{q.id}/{k}").shuffle(shuffled)
+                prompts[(i, f"reorder@k{k}")] = builder.prompt_injection_ids(shuffled, text)
             for w in settings["ws"]:
                 facts_w = [memory.memory_fact(f, w) for f in top]
                 prompts[(i, f"inject_w{w}@k{k}")] = builder.build(facts_w, text, w=w)
     results: dict[tuple[int, str], GenerationResult] = {}
-    for kind in ("prompt", "inject"):
-        keys = [key for key in prompts if key[1].startswith(kind)]
+    for first_round in (True, False):
+        keys = [key for key in prompts if key[1].startswith("prompt@") == first_round]
         batch = engine.generate_batch([prompts[key] for key in keys], **gen)
         results.update(zip(keys, batch, strict=True))
     for key, result in results.items():
@@ -268,7 +286,7 @@ def _answer_chunk(
     forcing: dict[tuple[int, str], _Forcing] = {}
     if settings["kl"]:
         for (i, cell), result in results.items():
-            if cell.startswith("inject"):
+            if not cell.startswith("prompt@"):
                 baseline = results[(i, "prompt@" + cell.split("@")[1])]
                 forcing[(i, cell)] = _Forcing(prompts[(i, cell)], baseline.token_ids)
                 forcing[(i, cell)].feed(result)
@@ -365,7 +383,8 @@ def score(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cells(settings: dict[str, Any]) -> list[str]:
-    return [f"{mode}@k{k}" for k in settings["ks"] for mode in modes(settings["ws"])]
+    names = modes(settings["ws"], settings.get("reference", ()))
+    return [f"{mode}@k{k}" for k in settings["ks"] for mode in names]
 
 
 def _ratio(pairs: Sequence[tuple[float, float]]) -> float | None:
@@ -432,6 +451,10 @@ def headline(result: dict[str, Any]) -> str:
     for k in result["settings"]["ks"]:
         base = cells[f"prompt@k{k}"]["f1"] or 0.0
         inj = [f"w{w} {cells[f'inject_w{w}@k{k}']['f1']:.3f}" for w in result["settings"]["ws"]]
+        inj += [
+            f"{mode} {cells[f'{mode}@k{k}']['f1']:.3f}"
+            for mode in result["settings"].get("reference", ())
+        ]
         parts.append(f"k={k}: prompt {base:.3f}, " + ", ".join(inj))
     return f"{result['scores']['questions']} questions, F1 — " + "; ".join(parts)
 
@@ -440,7 +463,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     """F1 per k and mode (left) and mean KL per answer token (right)."""
     settings, cells = result["settings"], result["scores"]["cells"]
     fig, (left, right) = figure(10, 4.2, ncols=2)
-    ks, names = settings["ks"], modes(settings["ws"])
+    ks, names = settings["ks"], modes(settings["ws"], settings.get("reference", ()))
     width = 0.8 / len(names)
     for i, mode in enumerate(names):
         xs = [j + i * width for j in range(len(ks))]
