@@ -44,8 +44,9 @@ if [ "${GPU_TESTS:-1}" = 1 ]; then
 fi
 if [ "${SKIP_EXACT:-0}" != 1 ]; then
     timeout "${EXACT_TIMEOUT:-240}" python3 tests/tiny_llama_check.py /tmp/tiny-exact "$KIT/tok" \
-        bfloat16 > "$OUT/exactness.json" 2> "$OUT/exactness.log"
-    echo "exactness rc=$?"; tail -1 "$OUT/exactness.json"; grep -i "error" "$OUT/exactness.log" | tail -5
+        bfloat16 2> "$OUT/exactness.log" | tee "$OUT/exactness.stdout" | tail -n 1 \
+        > "$OUT/exactness.json"  # the last line of stdout is the JSON, above it vLLM's logs
+    echo "exactness rc=${PIPESTATUS[0]}"; tail -1 "$OUT/exactness.json"; grep -i "error" "$OUT/exactness.log" | tail -5
 fi
 if [ "${ENCODE:-0}" = 1 ]; then
     PYTHONPATH="$PYTHONPATH:$(pwd)/$KIT/pydeps" timeout "${ENCODE_TIMEOUT:-300}" \

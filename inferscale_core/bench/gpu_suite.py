@@ -381,5 +381,39 @@ def main(out: Path) -> None:
     print("wrote", out / "gpu_suite.json", flush=True)
 
 
+def plot_runs(paths: list[Path], out: Path) -> None:
+    """TTFT vs k (injection, prompt injection, warm prompt) of saved suite runs, one colour per
+    mode and one line style per run: ``python -m inferscale_core.bench.gpu_suite --plot OUT
+    RUN.json...``."""
+    from inferscale_core.bench.report import figure, save_figure
+
+    fig, ax = figure(7.5, 4.4)
+    styles = ["-", "--", ":", "-."]
+    labels = {"inject": "KV injection", "prompt": "prompt injection", "prompt_warm": "warm prompt"}
+    for i, path in enumerate(paths):
+        rows = json.loads(Path(path).read_text())["ttft"]
+        for j, (mode, label) in enumerate(labels.items()):
+            points = sorted((r["k"], r["ttft_s_median"] * 1e3) for r in rows if r["mode"] == mode)
+            ax.plot(
+                [k for k, _ in points],
+                [ms for _, ms in points],
+                styles[i % len(styles)],
+                color=f"C{j}",
+                marker="o",
+                markersize=3,
+                label=f"{label} ({Path(path).stem})",
+            )
+    ax.set_xlabel("k retrieved facts (55 tokens each)")
+    ax.set_ylabel("TTFT, median (ms)")
+    ax.set_yscale("log")
+    ax.set_title("H200, vLLM 0.26, Llama-3.1-8B shape (dummy weights), bf16")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=6, ncol=2)
+    save_figure(fig, out)
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    if sys.argv[1] == "--plot":
+        plot_runs([Path(p) for p in sys.argv[3:]], Path(sys.argv[2]))
+    else:
+        main(Path(sys.argv[1]))
