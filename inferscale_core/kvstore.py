@@ -176,7 +176,7 @@ class KVStore:
         return os.path.exists(self._file(key))
 
     def fastest_tier(self, key: str) -> str:
-        """"device", "host" or "disk": where a read of ``key`` would be served from now."""
+        """Where a read of ``key`` would be served from now: "device", "host" or "disk"."""
         with self._lock:
             if self.device_tier is not None and key in self.device_tier:
                 return "device"

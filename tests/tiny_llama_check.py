@@ -60,7 +60,10 @@ def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
 
     model_dir = make_tiny_llama(workdir / "tiny-llama", tokenizer_dir)
     runtime = build_runtime(
-        model_dir, workdir / "kv", "You are a test model. Memory:", max_model_len=2048,
+        model_dir,
+        workdir / "kv",
+        "You are a test model. Memory:",
+        max_model_len=2048,
         dtype=dtype,
     )
     builder, engine = runtime.builder, runtime.engine
@@ -80,7 +83,9 @@ def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
     inj1 = engine.generate(composed1, max_tokens=STEPS, logprobs=5)
     full_again = engine.generate(
         builder.prompt_injection_ids(facts[:1], question),
-        max_tokens=STEPS, logprobs=5, cache_salt="tiny-full-again",
+        max_tokens=STEPS,
+        logprobs=5,
+        cache_salt="tiny-full-again",
     )
 
     composed5 = builder.build(facts, question)
