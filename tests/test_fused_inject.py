@@ -37,7 +37,7 @@ def test_kernel_matches_the_unfused_path_under_the_interpreter():
     done = subprocess.run(
         [sys.executable, str(CASES), "cpu"], env=env, capture_output=True, text=True, timeout=300
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
     _check(json.loads(done.stdout.splitlines()[-1]))
 
 
