@@ -123,3 +123,13 @@ def test_locomo_questions_sample_and_facts_with_context():
             assert len(context) == 3 and context[-1].startswith("- 2023-05-08 ")
         finally:
             log.close()
+
+
+def test_gpu_suite_plots_saved_h200_runs(tmp_path):
+    from inferscale_core.bench.gpu_suite import plot_runs
+
+    runs = sorted((Path(__file__).parent.parent / "docs" / "results").glob("gpu-suite-h200*.json"))
+    assert runs, "the saved H200 runs are part of the repository"
+    out = tmp_path / "ttft-h200.png"
+    plot_runs(runs, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
