@@ -12,6 +12,8 @@ meaning), and measures in that one engine and run:
   kernel and (``SUITE_UNFUSED=1``) with the unfused per-layer path;
 * throughput of 100 concurrent users, k=50 each (distinct sets), 32 output tokens.
 
+``SUITE_CUDAGRAPH_MODE`` (e.g. ``FULL``) sets vLLM's ``compilation_config.cudagraph_mode``.
+
 Results go to ``OUT_DIR/gpu_suite.json``. Exactness on the GPU is checked separately on a tiny
 random Llama (``tests/tiny_llama_check.py --dtype bfloat16``).
 """
@@ -80,6 +82,10 @@ class Suite:
             self.store.put(_entry(key, ids, self.fingerprint, gen))
             self.pool.append((key, ids))
         self.store_fill_s = time.perf_counter() - t0
+        extra: dict[str, Any] = {"load_format": "dummy", "skip_tokenizer_init": True}
+        self.cudagraph_mode = os.environ.get("SUITE_CUDAGRAPH_MODE", "")  # "" = vLLM's default
+        if self.cudagraph_mode:
+            extra["compilation_config"] = {"cudagraph_mode": self.cudagraph_mode}
         t0 = time.perf_counter()
         self.engine = VllmEngine(
             EngineOptions(
@@ -89,7 +95,7 @@ class Suite:
                 dtype="bfloat16",
                 max_model_len=8192,
                 gpu_memory_utilization=0.5,
-                extra={"load_format": "dummy", "skip_tokenizer_init": True},
+                extra=extra,
                 connector_extra={"gpu_bytes": gpu_bytes, "host_bytes": 16 << 30},
             )
         )
@@ -356,6 +362,7 @@ def main(out: Path) -> None:
     result: dict[str, Any] = {"bench": "gpu_suite", "device": torch.cuda.get_device_name()}
     suite = Suite(out)
     result.update(store_fill_s=suite.store_fill_s, engine_start_s=suite.engine_start_s)
+    result["cudagraph_mode"] = suite.cudagraph_mode or "default (FULL_AND_PIECEWISE)"
     print(f"engine up in {suite.engine_start_s:.1f} s", flush=True)
     result["ttft"] = suite.ttft()
     (out / "gpu_suite.json").write_text(json.dumps(result, indent=1))
