@@ -379,6 +379,8 @@ def _run_locomo(args: argparse.Namespace, console: Console) -> int:
 
     if args.rescore:
         return _rescore(args, console)
+    if args.merge or args.judge:
+        args.parser.error("--merge and --judge work on a saved run: add --rescore RUN.json")
     ks = _ks(args, args.k)
     ws = [] if args.w.strip().lower() == "none" else _ks(args, args.w, "--w")
     if min(ks) < 1:
@@ -425,6 +427,16 @@ def _rescore(args: argparse.Namespace, console: Console) -> int:
 
     result = json.loads(args.rescore.read_text())
     result["scores"] = locomo.score(result)
+    if args.merge:
+        try:
+            result = locomo.merge_runs(result, json.loads(args.merge.read_text()))
+        except ValueError as exc:
+            args.parser.error(f"--merge: {exc}")
+        info = result["merged_from"]
+        console.print(
+            f"{info['questions']} questions in both runs; shared answers identical:"
+            f" {info['prompt_agreement']}"
+        )
     result["rescored"] = command_line()
     if args.judge:
         from transformers import AutoTokenizer
@@ -438,7 +450,8 @@ def _rescore(args: argparse.Namespace, console: Console) -> int:
             engine = VllmEngine(EngineOptions(judge_dir, Path(tmp), model_fingerprint(judge_dir)))
             tokenizer = AutoTokenizer.from_pretrained(str(judge_dir))
             locomo.judge_answers(result, engine, tokenizer, judge_dir.name, status.update)
-    args.json = args.json or args.rescore
+    if not args.merge:  # a merged table is a view: written only where --json says
+        args.json = args.json or args.rescore
     _locomo_table(result)
     return _finish(result, args, console, locomo)
 
@@ -653,6 +666,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     loc.add_argument("--resume", action="store_true", help="continue the run saved in --json")
     loc.add_argument(
         "--rescore", type=Path, metavar="ANSWERS", help="re-score a saved run (no generation)"
+    )
+    loc.add_argument(
+        "--merge",
+        type=Path,
+        metavar="OTHER",
+        help="with --rescore: add the modes only OTHER (another run's JSON, e.g. a --reference"
+        " run) has, on the questions both answered, and score them together",
     )
     loc.add_argument(
         "--judge",

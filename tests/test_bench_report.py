@@ -133,3 +133,41 @@ def test_gpu_suite_plots_saved_h200_runs(tmp_path):
     out = tmp_path / "ttft-h200.png"
     plot_runs(runs, out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def _locomo_run(cells: dict[str, list[str]], reference: list[str]) -> dict:
+    """A saved LoCoMo run of 3 questions whose answers per cell are given."""
+    settings = {"data": "d", "seed": 0, "ks": [5], "ws": [0], "max_tokens": 8, "logprobs": 5}
+    kl = {"per_token": [0.1], "top1_agree": [True], "p_mass_imputed": [0.0], "restarts": 0}
+    questions = [
+        {
+            "id": f"q{i}",
+            "category": 1,
+            "gold": "blue car",
+            "answers": {
+                cell: {"text": texts[i], **({} if cell.startswith("prompt") else {"kl": kl})}
+                for cell, texts in cells.items()
+            },
+        }
+        for i in range(3)
+    ]
+    return {"settings": {**settings, "reference": reference}, "questions": questions}
+
+
+def test_locomo_merge_adds_the_other_runs_modes_on_common_questions():
+    from inferscale_core.bench.locomo import merge_runs
+
+    main = _locomo_run({"prompt@k5": ["blue car"] * 3, "inject_w0@k5": ["car", "x", "y"]}, [])
+    ref = _locomo_run({"prompt@k5": ["blue car"] * 3, "reorder@k5": ["blue car", "x", "x"]}, [])
+    ref["settings"]["ws"], ref["settings"]["reference"] = [], ["reorder"]
+    ref["questions"] = ref["questions"][1:]  # the reference run answered fewer questions
+    merged = merge_runs(main, ref)
+    assert [q["id"] for q in merged["questions"]] == ["q1", "q2"]
+    assert merged["merged_from"]["prompt_agreement"] == "2/2"
+    cells = merged["scores"]["cells"]
+    assert set(cells) == {"prompt@k5", "inject_w0@k5", "reorder@k5"}
+    assert cells["prompt@k5"]["f1"] == 1.0 and cells["inject_w0@k5"]["f1"] == 0.0
+    assert cells["reorder@k5"]["f1"] == 0.0 and cells["reorder@k5"]["kl_mean_per_token"] == 0.1
+    ref["settings"]["seed"] = 1
+    with pytest.raises(ValueError, match="differ"):
+        merge_runs(main, ref)

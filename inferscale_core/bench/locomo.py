@@ -428,6 +428,40 @@ def _kl_summary(kls: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
     }
 
 
+def merge_runs(result: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """``result`` on the questions both runs answered, with the cells only ``other`` has added
+    (e.g. a ``--reference reorder`` run's) and re-scored: one table for modes answered in two
+    runs. The runs must share data, seed, k, answer length and logprobs; the prompt-injection
+    answers they share are deterministic, and ``prompt_agreement`` says how many matched."""
+    keys = ("data", "seed", "ks", "max_tokens", "logprobs")
+    if any(result["settings"].get(k) != other["settings"].get(k) for k in keys):
+        raise ValueError(f"the runs differ in one of {', '.join(keys)}")
+    theirs = {q["id"]: q for q in other["questions"]}
+    merged = {**result, "settings": dict(result["settings"]), "questions": []}
+    same = shared = 0
+    for q in result["questions"]:
+        if q["id"] not in theirs:
+            continue
+        answers = dict(q["answers"])
+        for cell, answer in theirs[q["id"]]["answers"].items():
+            if cell in answers:
+                shared += 1
+                same += answers[cell]["text"] == answer["text"]
+            else:
+                answers[cell] = answer
+        merged["questions"].append({**q, "answers": answers})
+    reference = list(result["settings"].get("reference", []))
+    reference += [m for m in other["settings"].get("reference", []) if m not in reference]
+    merged["settings"]["reference"] = reference
+    merged["merged_from"] = {
+        "other_command": other.get("command"),
+        "questions": len(merged["questions"]),
+        "prompt_agreement": f"{same}/{shared}",
+    }
+    merged["scores"] = score(merged)
+    return merged
+
+
 def judge_answers(
     result: dict[str, Any],
     engine: Any,
