@@ -41,11 +41,31 @@ def logprobs_after_injected_kv(
     return [logprobs[i] for i in range(len(rest_ids) - steps, len(rest_ids))]
 
 
-def max_logprob_delta(a: Sequence[dict[int, float]], b: Sequence[dict[int, float]]) -> float:
-    """Largest |Δ logprob| over the tokens both sides report, step by step."""
+def max_logprob_delta(
+    a: Sequence[dict[int, float]],
+    b: Sequence[dict[int, float]],
+    tokens_a: Sequence[int] | None = None,
+    tokens_b: Sequence[int] | None = None,
+) -> float:
+    """Largest |Δ logprob| over the tokens both sides report, step by step.
+
+    With the tokens each side generated, the comparison stops after the first step where they
+    differ: from there on the two sides continue different texts, and their distributions
+    no longer describe the same position (a bf16 rounding can flip a near-tie greedy choice).
+    """
     delta = 0.0
-    for step_a, step_b in zip(a, b, strict=True):
+    for step, (step_a, step_b) in enumerate(zip(a, b, strict=True)):
         shared = set(step_a) & set(step_b)
-        assert shared, "no token in common at a step"
+        assert shared, f"no token in common at step {step}"
         delta = max(delta, max(abs(step_a[t] - step_b[t]) for t in shared))
+        if tokens_a is not None and tokens_b is not None and tokens_a[step] != tokens_b[step]:
+            break
     return delta
+
+
+def steps_in_common(tokens_a: Sequence[int], tokens_b: Sequence[int]) -> int:
+    """How many leading tokens two generations share."""
+    n = 0
+    while n < min(len(tokens_a), len(tokens_b)) and tokens_a[n] == tokens_b[n]:
+        n += 1
+    return n

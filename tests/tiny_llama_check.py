@@ -9,6 +9,7 @@ with ``rope_type="llama3"``, injects k=1 and k=5 facts, and prints one JSON line
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from datetime import date
@@ -52,19 +53,22 @@ def make_tiny_llama(folder: Path, tokenizer_dir: Path) -> Path:
 
 def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
     sys.path.insert(0, str(Path(__file__).parent))
-    from hf_oracle import logprobs_after_injected_kv, max_logprob_delta
+    from hf_oracle import logprobs_after_injected_kv, max_logprob_delta, steps_in_common
 
     from inferscale_core.kvstore import stack_entries
     from inferscale_core.prompt_builder import MemoryFact
     from inferscale_core.vllm_plugin.runtime import build_runtime
 
     model_dir = make_tiny_llama(workdir / "tiny-llama", tokenizer_dir)
+    cudagraph_mode = os.environ.get("TINY_CUDAGRAPH_MODE", "")  # e.g. FULL; "" = vLLM's default
+    extra = {"compilation_config": {"cudagraph_mode": cudagraph_mode}} if cudagraph_mode else {}
     runtime = build_runtime(
         model_dir,
         workdir / "kv",
         "You are a test model. Memory:",
         max_model_len=2048,
         dtype=dtype,
+        extra=extra,
     )
     builder, engine = runtime.builder, runtime.engine
     facts = [
@@ -104,12 +108,18 @@ def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
 
     worker = in_process_worker()
     return {
+        "cudagraph_mode": cudagraph_mode or "default",
         "kv_write": worker.kv_write if worker else None,
         "fused_kernel": bool(worker and worker.writes_with_fused_kernel),
         "rope_type": "llama3",
         "dtype": dtype,
-        "k1_delta": max_logprob_delta(full.logprobs, inj1.logprobs),
-        "two_full_prefills_delta": max_logprob_delta(full.logprobs, full_again.logprobs),
+        # Compared up to the first step where the greedy tokens differ (see max_logprob_delta).
+        "k1_delta": max_logprob_delta(full.logprobs, inj1.logprobs, full.token_ids, inj1.token_ids),
+        "k1_steps_before_divergence": steps_in_common(full.token_ids, inj1.token_ids),
+        "k1_steps": len(full.token_ids),
+        "two_full_prefills_delta": max_logprob_delta(
+            full.logprobs, full_again.logprobs, full.token_ids, full_again.token_ids
+        ),
         "k1_same_tokens": full.token_ids == inj1.token_ids,
         "k1_injected": inj1.injected_tokens,
         "k1_span_end": composed1.span_end,
