@@ -40,7 +40,7 @@ def _cache(layout: PagedLayout, dtype: torch.dtype, device: str) -> torch.Tensor
 
 def _pool_entries(
     lengths: list[int], dtype: torch.dtype, device: str, gen: torch.Generator
-) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Entries as views into one uint8 pool at 256-byte aligned offsets (like DeviceTier)."""
     sizes = [LAYERS * n * HEADS * DIM * torch.finfo(dtype).bits // 8 for n in lengths]
     aligned = [(s + 255) // 256 * 256 for s in sizes]
@@ -54,7 +54,7 @@ def _pool_entries(
         v.copy_(torch.randn(shape, generator=gen).to(dtype))
         entries.append((k, v))
         at += 2 * step
-    return pool, entries
+    return entries  # views: they keep the pool alive
 
 
 def _error_in_ulps(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -69,7 +69,7 @@ def _error_in_ulps(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def run_case(layout: PagedLayout, spec: RopeSpec, dtype: torch.dtype, device: str) -> dict:
     gen = torch.Generator().manual_seed(0)
-    _, entries = _pool_entries([5, 7, 3], dtype, device, gen)
+    entries = _pool_entries([5, 7, 3], dtype, device, gen)
     start = 6
     # Request positions [6, 6 + 4 + 7 + 2): entry 0 tokens 1..4, entry 1 whole, entry 2 tokens 0..1,
     # listed out of order.

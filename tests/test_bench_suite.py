@@ -112,14 +112,12 @@ def test_gpu_encode_smoke_on_cpu_writes_the_json(smollm2_path, tmp_path):
 
 def test_locomo_smoke_answers_scores_rescores_and_judges(runtime, tmp_path):
     path = tmp_path / "locomo.json"
+    settings = {"sample": 2, "ks": [1, 3], "ws": [0, 1], "max_tokens": 4}
     result = locomo.run_locomo(
         runtime.builder,
         runtime.engine,
         DEFAULT_PATH,
-        sample=2,
-        ks=[1, 3],
-        ws=[0, 1],
-        max_tokens=4,
+        **settings,
         reference=["reorder"],
         json_path=path,
     )
@@ -150,14 +148,7 @@ def test_locomo_smoke_answers_scores_rescores_and_judges(runtime, tmp_path):
     for q in old["questions"]:
         q["answers"] = {c: a for c, a in q["answers"].items() if not c.startswith("reorder")}
     resumed = locomo.run_locomo(
-        runtime.builder,
-        runtime.engine,
-        DEFAULT_PATH,
-        sample=2,
-        ks=[1, 3],
-        ws=[0, 1],
-        max_tokens=4,
-        resume=old,
+        runtime.builder, runtime.engine, DEFAULT_PATH, **settings, resume=old
     )
     assert [q["answers"] for q in resumed["questions"]] == [q["answers"] for q in old["questions"]]
 

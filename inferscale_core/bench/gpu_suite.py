@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from inferscale_core.bench.dummy import SHAPES
+from inferscale_core.bench.report import percentile
 from inferscale_core.composer import ComposedPrompt, PlacedEntry, entry_key
 from inferscale_core.fingerprint import model_fingerprint
 from inferscale_core.kvstore import open_shared
@@ -163,7 +164,7 @@ class Suite:
                         "runs": runs,
                         "prompt_tokens": PREFIX_TOKENS + k * FACT_TOKENS + QUESTION_TOKENS,
                         "ttft_s_median": statistics.median(values),
-                        "ttft_s_p90": _p90(values),
+                        "ttft_s_p90": percentile(values, 0.9),
                         "samples": values,
                         "generate_wall_s_median": (
                             statistics.median(walls[mode]) if mode in walls else None
@@ -332,7 +333,7 @@ class Suite:
                 "wall_s": wall,
                 "requests_per_s": users / wall,
                 "ttft_s_p50": statistics.median(ttfts),
-                "ttft_s_p90": _p90(ttfts),
+                "ttft_s_p90": percentile(ttfts, 0.9),
                 "finished": done,
             }
             print(f"throughput {mode}: {users / wall:.1f} req/s", flush=True)
@@ -350,11 +351,6 @@ def _pinned_bandwidth(nbytes: int = 360 << 20, runs: int = 5) -> float:
         dst.copy_(src, non_blocking=True)
     torch.cuda.synchronize()
     return nbytes * runs / (time.perf_counter() - t0) / 1e9
-
-
-def _p90(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
 
 
 def main(out: Path) -> None:

@@ -50,7 +50,9 @@ class SourcePiece(NamedTuple):
 
 
 # Rows of the per-token table the kernel reads (int64 [_ROWS, tokens]).
-_K_OFFSET, _V_OFFSET, _K_LAYER_STRIDE, _V_LAYER_STRIDE, _SLOT, _POSITION, _ROWS = range(7)
+# K and V of an entry have the same shape, so one layer stride serves both. The kernel reads
+# the rows by these numbers.
+_K_OFFSET, _V_OFFSET, _LAYER_STRIDE, _SLOT, _POSITION, _ROWS = range(6)
 
 
 if triton is not None:
@@ -59,7 +61,7 @@ if triton is not None:
     def _inject_kernel(
         src_k,  # K of the first piece: every piece is addressed by element offsets from it
         src_v,  # V of the first piece, the same way
-        table,  # int64 [6, tokens]: rows _K_OFFSET .. _POSITION
+        table,  # int64 [5, tokens]: rows _K_OFFSET, _V_OFFSET, _LAYER_STRIDE, _SLOT, _POSITION
         dst,  # layer 0's cache; layer l's cache starts layer_offsets[l] elements from it
         layer_offsets,  # int64 [layers]
         cos,  # fp32 [positions, rotary_dim // 2]
@@ -80,10 +82,11 @@ if triton is not None:
     ):
         t = tl.program_id(0)
         layer = tl.program_id(1).to(tl.int64)
-        k_row = tl.load(table + 0 * tokens + t) + layer * tl.load(table + 2 * tokens + t)
-        v_row = tl.load(table + 1 * tokens + t) + layer * tl.load(table + 3 * tokens + t)
-        slot = tl.load(table + 4 * tokens + t)
-        position = tl.load(table + 5 * tokens + t)
+        layer_stride = tl.load(table + 2 * tokens + t)
+        k_row = tl.load(table + 0 * tokens + t) + layer * layer_stride
+        v_row = tl.load(table + 1 * tokens + t) + layer * layer_stride
+        slot = tl.load(table + 3 * tokens + t)
+        position = tl.load(table + 4 * tokens + t)
 
         h = tl.arange(0, HEADS_P2)[:, None]  # [heads, 1]
         d = tl.arange(0, DIM_P2)[None, :]  # [1, dim]
@@ -151,12 +154,12 @@ class FusedInjector:
         self.caches = list(caches)
         self.geometry: CacheGeometry = cache_geometry(first, layout, block_size)
         self.kv_heads, self.head_dim, self.rope = kv_heads, head_dim, rope
-        self.device, self.dtype = first.device, first.dtype
+        self.device = first.device
         self._layer_offsets = torch.tensor(
             _element_offsets(first, self.caches), dtype=torch.int64, device=self.device
         )  # [layers]
         self._cos = self._sin = torch.empty(0, rope.rotary_dim // 2)
-        self._host_table = torch.empty(0, dtype=torch.int64)  # pinned, [6 * tokens] reused
+        self._host_table = torch.empty(0, dtype=torch.int64)  # pinned, [5 * tokens] reused
         self._device_table = torch.empty(0, dtype=torch.int64, device=self.device)
         self._copied: torch.cuda.Event | None = None  # when the last table copy was done
 
@@ -218,7 +221,7 @@ class FusedInjector:
                 raise ValueError("stage the pieces on the cache's device first")
             if not (piece.k.is_contiguous() and piece.v.is_contiguous()):
                 raise ValueError("the pieces must be contiguous [layers, tokens, heads, dim]")
-        table = self._stage(pieces, first, start, slots)  # int64 [6, tokens] on the device
+        table = self._stage(pieces, first, start, slots)  # int64 [5, tokens] on the device
         cos, sin = self._tables(start + tokens)
         g = self.geometry
         _inject_kernel[(tokens, layers)](
@@ -264,7 +267,7 @@ def _token_table(
     start: int,
     slots: Sequence[int],
     row_elements: int,  # kv_heads * head_dim: one token of one layer
-    table: np.ndarray,  # int64 [6, tokens], filled here
+    table: np.ndarray,  # int64 [5, tokens], filled here
 ) -> None:
     """Per request position: where its K and V rows start (layer 0), the entry's layer
     stride, its slot and its position. Checks that the pieces tile the span."""
@@ -285,7 +288,6 @@ def _token_table(
     source_token = src_start[piece_of] + within
     table[_K_OFFSET, column] = k_base[piece_of] + source_token * row_elements
     table[_V_OFFSET, column] = v_base[piece_of] + source_token * row_elements
-    table[_K_LAYER_STRIDE, column] = entry_tokens[piece_of] * row_elements
-    table[_V_LAYER_STRIDE, column] = entry_tokens[piece_of] * row_elements
+    table[_LAYER_STRIDE, column] = entry_tokens[piece_of] * row_elements
     table[_SLOT] = np.asarray(slots, dtype=np.int64)
     table[_POSITION] = np.arange(start, start + tokens, dtype=np.int64)
