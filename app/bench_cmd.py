@@ -391,6 +391,22 @@ def _run_locomo(args: argparse.Namespace, console: Console) -> int:
         args.parser.error(
             f"--reference takes {', '.join(locomo.REFERENCES)}; got {', '.join(sorted(unknown))}"
         )
+    if args.export_retrieval:
+        with console.status("retrieving…") as status:
+            done = locomo.export_retrieval(
+                _data(args),
+                args.export_retrieval,
+                sample=args.sample,
+                seed=args.seed,
+                k=max(ks),
+                on_progress=status.update,
+            )
+        console.print(
+            f"wrote the top {done['k']} facts of {done['questions']} questions to {done['path']}"
+        )
+        return 0
+    if args.retrieval and not args.retrieval.is_file():
+        args.parser.error(f"--retrieval: no such file {args.retrieval}")
     resume = None
     if args.resume:
         if not args.json or not args.json.exists():
@@ -415,6 +431,7 @@ def _run_locomo(args: argparse.Namespace, console: Console) -> int:
             resume=resume,
             model_name=runtime.model_dir.name,
             command=command_line(),
+            retrieval=args.retrieval,
             on_progress=status.update,
         )
     _locomo_table(result)
@@ -664,6 +681,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     loc.add_argument("--batch", type=int, default=8, help="questions answered at once (8)")
     loc.add_argument("--data", type=Path, help=data_help)
     loc.add_argument("--resume", action="store_true", help="continue the run saved in --json")
+    loc.add_argument(
+        "--export-retrieval",
+        type=Path,
+        metavar="FILE",
+        help="only retrieve (MiniLM, no engine) the top max(--k) facts of the sampled questions"
+        " and write them to FILE, for --retrieval on a machine without MiniLM (e.g. the GPU"
+        " machine: inferscale_core/bench/gpu_locomo.py)",
+    )
+    loc.add_argument(
+        "--retrieval",
+        type=Path,
+        metavar="FILE",
+        help="answer on the facts in FILE (from --export-retrieval) instead of retrieving",
+    )
     loc.add_argument(
         "--rescore", type=Path, metavar="ANSWERS", help="re-score a saved run (no generation)"
     )

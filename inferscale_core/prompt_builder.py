@@ -8,14 +8,25 @@ context and every later request reuses it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
 
+import torch
+
 from inferscale_core.composer import ChatLayout, ComposedPrompt, entry_key, fact_line
 from inferscale_core.encoder import ENCODER_VERSION, HFReferenceEncoder
 from inferscale_core.kvstore import KVStore
+
+
+def gpu_serving_dtype(model_dir: Path) -> torch.dtype:
+    """The dtype vLLM's ``dtype="auto"`` serves a checkpoint in on a GPU: its own if it is
+    float16 or bfloat16, else (float32) bfloat16."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    name = config.get("torch_dtype") or config.get("dtype") or "float32"
+    return torch.float16 if name == "float16" else torch.bfloat16
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +63,12 @@ class PromptBuilder:
         fingerprint = model_fingerprint(model_dir)
         store = open_shared(Path(store_root) / fingerprint, gpu_bytes=gpu_bytes)
         layout = ChatLayout(AutoTokenizer.from_pretrained(str(model_dir)), system_prompt)
-        return cls(layout, HFReferenceEncoder(model_dir, fingerprint), store)
+        if torch.cuda.is_available():  # beside vLLM on the GPU, in the serving cache's dtype
+            dtype = gpu_serving_dtype(model_dir)
+            encoder = HFReferenceEncoder(model_dir, fingerprint, dtype, "cuda", kv_dtype=dtype)
+        else:  # on a CPU the engine runs fp32 too
+            encoder = HFReferenceEncoder(model_dir, fingerprint)
+        return cls(layout, encoder, store)
 
     def cache_salt(self, w: int) -> str:
         """Keeps this encoding's KV apart from any other in vLLM's prefix cache."""

@@ -162,6 +162,45 @@ def test_locomo_smoke_answers_scores_rescores_and_judges(runtime, tmp_path):
     locomo.plot(result, tmp_path / "locomo.png")
     write_json(judged, tmp_path / "judged.json")
 
+    # The GPU machine's way: MiniLM's hits exported here, answered on there.
+    hits_file = tmp_path / "retrieval.json"
+    locomo.export_retrieval(DEFAULT_PATH, hits_file, sample=2, k=3)
+    exported = json.loads(hits_file.read_text())["questions"]
+    for q in saved["questions"]:
+        texts = [saved["facts"][str(fact_id)] for fact_id, _ in q["retrieved"]]
+        assert [text for text, _ in exported[q["id"]]] == texts
+    replay = locomo.run_locomo(
+        runtime.builder,
+        runtime.engine,
+        DEFAULT_PATH,
+        sample=2,
+        ks=[1],
+        ws=[0],
+        max_tokens=4,
+        kl=False,
+        retrieval=hits_file,
+    )
+    for before, after in zip(saved["questions"], replay["questions"], strict=True):
+        assert after["retrieved"][-1][0] == before["retrieved"][-1][0]  # the best hit
+        assert after["answers"]["prompt@k1"]["text"] == before["answers"]["prompt@k1"]["text"]
+    with pytest.raises(ValueError, match="holds the top 3 facts; this run needs 5"):
+        locomo.run_locomo(
+            runtime.builder, runtime.engine, DEFAULT_PATH, sample=2, ks=[5], retrieval=hits_file
+        )
+    with pytest.raises(ValueError, match="lacks 1 of the 3 questions"):
+        locomo.run_locomo(
+            runtime.builder, runtime.engine, DEFAULT_PATH, sample=3, ks=[1], retrieval=hits_file
+        )
+    first = next(iter(exported))
+    exported[first][0][0] = "Nobody said this."
+    tampered = json.loads(hits_file.read_text())
+    tampered["questions"] = exported
+    write_json(tampered, hits_file)
+    with pytest.raises(ValueError, match="exported from other data"):
+        locomo.run_locomo(
+            runtime.builder, runtime.engine, DEFAULT_PATH, sample=2, ks=[3], retrieval=hits_file
+        )
+
 
 def test_retrieval_smoke_exact_on_the_cpu_cagra_skipped(tmp_path):
     from inferscale_core.embedder import SentenceTransformerEmbedder

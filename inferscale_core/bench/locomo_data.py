@@ -27,7 +27,7 @@ from typing import Any
 from inferscale_core.factlog import FactLog
 from inferscale_core.memory_worker import context_line
 from inferscale_core.prompt_builder import MemoryFact
-from inferscale_core.types import Fact
+from inferscale_core.types import Fact, Hit
 
 DEFAULT_PATH = Path(__file__).resolve().parents[3] / "shared" / "data" / "locomo" / "locomo10.json"
 #: LoCoMo's category ids as its own evaluation code names them (see the data's README).
@@ -148,3 +148,68 @@ class LocomoMemory:
             turns = self.log.turns_before(min(fact.source_turn_ids), w)
             context = tuple(context_line(turn) for turn in turns)
         return MemoryFact(fact.text, fact.refers_to, context)
+
+
+# --------------------------------------------------------------------------- retrieval files
+#: Version of the ``--export-retrieval`` file; a reader refuses any other.
+RETRIEVAL_FORMAT = 1
+
+
+def retrieve(memory: LocomoMemory, embedder: Any, chosen: Sequence[Question], k: int) -> dict:
+    """``{question id: top-k hits, best last}`` through the product's retriever."""
+    from inferscale_core.retriever import Retriever
+
+    retriever = Retriever(memory.log, embedder)
+    return {q.id: retriever.search(memory.profiles[q.sample_id], q.question, k) for q in chosen}
+
+
+def save_retrieval(path: Path, hits: dict[str, list[Hit]], meta: dict[str, Any]) -> None:
+    """Write the hits so that another machine answers on exactly these facts.
+
+    Facts are named by their text (unique in a profile: the fact log merges duplicates), not
+    by id, so the file holds whatever subset of the conversations the reading run imports.
+    """
+    from inferscale_core.bench.report import write_json
+
+    k = min((len(h) for h in hits.values()), default=0)
+    questions = {q: [[h.fact.text, round(h.score, 6)] for h in rows] for q, rows in hits.items()}
+    write_json({"format": RETRIEVAL_FORMAT, **meta, "k": k, "questions": questions}, path)
+
+
+def load_retrieval(
+    path: Path, memory: LocomoMemory, chosen: Sequence[Question], k: int
+) -> dict[str, list[Hit]]:
+    """The top ``k`` hits (best last) of every chosen question from a ``save_retrieval`` file.
+
+    ValueError, saying what to do, when the file is of another format, holds fewer than ``k``
+    hits, lacks a question, or names a fact this run's fact log does not have (other data).
+    """
+    saved = json.loads(Path(path).read_text())
+    if saved.get("format") != RETRIEVAL_FORMAT:
+        raise ValueError(f"{path} is not a retrieval file of format {RETRIEVAL_FORMAT}")
+    if saved["k"] < k:
+        raise ValueError(f"{path} holds the top {saved['k']} facts; this run needs {k}")
+    missing = [q.id for q in chosen if q.id not in saved["questions"]]
+    if missing:
+        raise ValueError(
+            f"{path} lacks {len(missing)} of the {len(chosen)} questions (first: {missing[0]});"
+            " export it with the same --sample and --seed, or for all questions"
+        )
+    by_text = {
+        sample_id: {fact.text: fact for fact in memory.log.active_facts(profile)}
+        for sample_id, profile in memory.profiles.items()
+    }
+    hits = {}
+    for q in chosen:
+        rows = saved["questions"][q.id][-k:]  # best last: the last k are the best k
+        facts = by_text[q.sample_id]
+        unknown = [text for text, _ in rows if text not in facts]
+        if unknown:
+            raise ValueError(
+                f"{path}: {q.id} names a fact this LoCoMo file does not have ({unknown[0]!r});"
+                " the file was exported from other data"
+            )
+        hits[q.id] = [
+            Hit(facts[text], score, len(rows) - i) for i, (text, score) in enumerate(rows)
+        ]
+    return hits

