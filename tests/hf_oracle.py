@@ -27,17 +27,18 @@ def logprobs_after_injected_kv(
     spec = RopeSpec.from_hf_config(model.config)
     span = k_pre.shape[1]
     k_post = rotate(k_pre.float(), torch.arange(span), spec)  # [layers, span, kv_heads, head_dim]
+    weight = next(model.parameters())  # the model's device and dtype (bf16 on a GPU)
     cache = DynamicCache(config=model.config)
     for layer in range(k_post.shape[0]):
         cache.update(
-            k_post[layer].transpose(0, 1).unsqueeze(0),  # [1, kv_heads, span, head_dim]
-            v[layer].float().transpose(0, 1).unsqueeze(0),
+            k_post[layer].transpose(0, 1).unsqueeze(0).to(weight),  # [1, kv_heads, span, dim]
+            v[layer].transpose(0, 1).unsqueeze(0).to(weight),
             layer,
         )
-    ids = torch.tensor([list(rest_ids)])
-    positions = torch.arange(span, span + len(rest_ids)).unsqueeze(0)
+    ids = torch.tensor([list(rest_ids)], device=weight.device)
+    positions = torch.arange(span, span + len(rest_ids), device=weight.device).unsqueeze(0)
     logits = model(input_ids=ids, position_ids=positions, past_key_values=cache).logits[0]
-    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [len(rest_ids), vocab]
+    logprobs = torch.log_softmax(logits.float(), dim=-1).cpu()  # [len(rest_ids), vocab]
     return [logprobs[i] for i in range(len(rest_ids) - steps, len(rest_ids))]
 
 

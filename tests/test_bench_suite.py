@@ -166,8 +166,8 @@ def test_locomo_smoke_answers_scores_rescores_and_judges(runtime, tmp_path):
     hits_file = tmp_path / "retrieval.json"
     locomo.export_retrieval(DEFAULT_PATH, hits_file, sample=2, k=3)
     exported = json.loads(hits_file.read_text())["questions"]
-    for q in saved["questions"]:
-        texts = [saved["facts"][str(fact_id)] for fact_id, _ in q["retrieved"]]
+    for q in result["questions"]:
+        texts = [result["facts"][str(fact_id)] for fact_id, _ in q["retrieved"]]
         assert [text for text, _ in exported[q["id"]]] == texts
     replay = locomo.run_locomo(
         runtime.builder,
@@ -180,7 +180,7 @@ def test_locomo_smoke_answers_scores_rescores_and_judges(runtime, tmp_path):
         kl=False,
         retrieval=hits_file,
     )
-    for before, after in zip(saved["questions"], replay["questions"], strict=True):
+    for before, after in zip(result["questions"], replay["questions"], strict=True):
         assert after["retrieved"][-1][0] == before["retrieved"][-1][0]  # the best hit
         assert after["answers"]["prompt@k1"]["text"] == before["answers"]["prompt@k1"]["text"]
     with pytest.raises(ValueError, match="holds the top 3 facts; this run needs 5"):

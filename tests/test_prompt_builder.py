@@ -63,3 +63,22 @@ def test_batches_go_shortest_first_and_match_facts_encoded_alone(builder, monkey
         torch.testing.assert_close(stored.k, alone.k, rtol=0, atol=1e-5)
         torch.testing.assert_close(stored.v, alone.v, rtol=0, atol=1e-5)
     assert len(batches) == 4  # 7 facts in batches of 2; nothing was encoded twice
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"torch_dtype": "float32"}, torch.bfloat16),  # SmolLM2 as unpacked: vLLM downcasts
+        ({"torch_dtype": "bfloat16"}, torch.bfloat16),
+        ({"torch_dtype": "float16"}, torch.float16),
+        ({"dtype": "float16"}, torch.float16),  # transformers 5 writes "dtype"
+        ({}, torch.bfloat16),
+    ],
+)
+def test_gpu_encoder_uses_the_dtype_vllm_serves_the_checkpoint_in(tmp_path, config, expected):
+    import json
+
+    from inferscale_core.prompt_builder import gpu_serving_dtype
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert gpu_serving_dtype(tmp_path) == expected

@@ -91,6 +91,12 @@ def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
         logprobs=5,
         cache_salt="tiny-full-again",
     )
+    full_cached = engine.generate(  # ``full``'s prompt again: a prefix-cache hit, no injection
+        builder.prompt_injection_ids(facts[:1], question),
+        max_tokens=STEPS,
+        logprobs=5,
+        cache_salt="tiny-full",
+    )
 
     composed5 = builder.build(facts, question)
     inj5 = engine.generate(composed5, max_tokens=STEPS, logprobs=5)
@@ -120,6 +126,11 @@ def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
         "two_full_prefills_delta": max_logprob_delta(
             full.logprobs, full_again.logprobs, full.token_ids, full_again.token_ids
         ),
+        # The same prompt served from vLLM's prefix cache: what a cached context alone costs.
+        "prefix_cached_delta": max_logprob_delta(
+            full.logprobs, full_cached.logprobs, full.token_ids, full_cached.token_ids
+        ),
+        "prefix_cached_tokens": full_cached.cached_tokens,  # vLLM's num_cached_tokens
         "k1_same_tokens": full.token_ids == inj1.token_ids,
         "k1_injected": inj1.injected_tokens,
         "k1_span_end": composed1.span_end,

@@ -82,14 +82,12 @@ def main(argv: list[str] | None = None) -> int:
         model_name=f"{model_dir.name} (from {args.gguf.name})",
         command=shlex.join([sys.executable, "-m", __spec__.name, *sys.argv[1:]]),
         retrieval=args.retrieval,
+        scoring=False,  # LoCoMo's F1 stems with nltk, which the GPU image lacks: --rescore here
         on_progress=lambda message: print(message, flush=True),
     )
     result["answer_seconds"] = round(time.perf_counter() - t1, 1)
     write_json(result, json_path)
-    print(locomo.headline(result))
-    shown = ("f1", "f1_over_prompt", "kl_mean_per_token", "top1_agreement")
-    for cell, row in result["scores"]["cells"].items():
-        print(cell, {key: row.get(key) for key in shown})
+    print(f"answered {len(result['questions'])} questions in {result['answer_seconds']} s")
     return 0
 
 

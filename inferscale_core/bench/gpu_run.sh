@@ -84,7 +84,8 @@ if [ "${LOCOMO:-0}" = 1 ]; then
         python3 -m inferscale_core.bench.gpu_locomo "$OUT" --gguf "$GGUF" \
         --retrieval "$KIT/data/locomo-retrieval-all.json" --data "$KIT/data/locomo10.json" \
         ${LOCOMO_ARGS:-} > "$OUT/locomo.log" 2>&1
-    echo "locomo rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/locomo.log" | tail -30
+    echo "locomo rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/locomo.log" | tail -8
+    xz -T0 "$OUT/locomo-gpu.json"  # ~20 MB for all questions: too big to come back as is
 fi
 if [ "${SUITE:-1}" = 1 ]; then
     timeout "${SUITE_TIMEOUT:-420}" python3 -m inferscale_core.bench.gpu_suite "$OUT" \

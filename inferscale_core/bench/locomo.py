@@ -89,6 +89,7 @@ def run_locomo(
     command: str | None = None,
     embedder: Any = None,
     retrieval: Path | None = None,
+    scoring: bool = True,
     on_progress: Callable[[str], None] = lambda message: None,
 ) -> dict[str, Any]:
     """Answer, score and return the JSON-ready result; saved to ``json_path`` as it goes.
@@ -168,12 +169,14 @@ def run_locomo(
                 on_progress(f"answered {answered}/{len(todo)} (~{left / 60:.0f} min left)")
                 if json_path is not None:
                     result["questions"] = [done[q.id] for q in chosen if q.id in done]
-                    result["scores"] = score(result)
+                    if scoring:
+                        result["scores"] = score(result)
                     write_json(result, json_path)
             result["questions"] = [done[q.id] for q in chosen]
         finally:
             factlog.close()
-    result["scores"] = score(result)
+    if scoring:
+        result["scores"] = score(result)
     if json_path is not None:
         write_json(result, json_path)
     return result
