@@ -62,6 +62,7 @@ def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
     model_dir = make_tiny_llama(workdir / "tiny-llama", tokenizer_dir)
     cudagraph_mode = os.environ.get("TINY_CUDAGRAPH_MODE", "")  # e.g. FULL; "" = vLLM's default
     extra = {"compilation_config": {"cudagraph_mode": cudagraph_mode}} if cudagraph_mode else {}
+    kv_write = os.environ.get("TINY_KV_WRITE", "auto")  # "backend": the unfused load
     runtime = build_runtime(
         model_dir,
         workdir / "kv",
@@ -69,6 +70,7 @@ def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
         max_model_len=2048,
         dtype=dtype,
         extra=extra,
+        kv_write=kv_write,
     )
     builder, engine = runtime.builder, runtime.engine
     facts = [
