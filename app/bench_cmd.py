@@ -25,19 +25,9 @@ from rich.console import Console
 from rich.table import Table
 
 from app.user_config import load_config
+from inferscale_core.bench.arguments import parse_ks, parse_names
 
 BENCH_STORE = "bench-kv"
-
-
-def parse_ks(text: str, name: str = "--k") -> list[int]:
-    """``"0,5,20"`` -> ``[0, 5, 20]``; ValueError with a clear message otherwise."""
-    try:
-        ks = sorted({int(k) for k in text.split(",") if k.strip()})
-    except ValueError:
-        raise ValueError(f"{name} takes comma-separated whole numbers, got {text!r}") from None
-    if not ks or min(ks) < 0:
-        raise ValueError(f"{name} needs whole numbers >= 0, got {text!r}")
-    return ks
 
 
 # ---- set-up shared by the benches ----
@@ -385,7 +375,7 @@ def _run_locomo(args: argparse.Namespace, console: Console) -> int:
     ws = [] if args.w.strip().lower() == "none" else _ks(args, args.w, "--w")
     if min(ks) < 1:
         args.parser.error("--k needs numbers >= 1")
-    reference = [name for name in args.reference.split(",") if name.strip()]
+    reference = parse_names(args.reference)
     unknown = set(reference) - set(locomo.REFERENCES)
     if unknown:
         args.parser.error(

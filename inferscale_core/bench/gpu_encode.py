@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from inferscale_core.bench.arguments import parse_ks, parse_names
 from inferscale_core.bench.dummy import SHAPES, write_dummy_config
 from inferscale_core.bench.encode import encode_rows, locomo_facts, sample_facts
 from inferscale_core.bench.locomo_data import DEFAULT_PATH
@@ -247,10 +248,6 @@ def _row_line(row: dict[str, Any]) -> str:
     )
 
 
-def _csv(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m inferscale_core.bench.gpu_encode", description=__doc__.split("\n")[0]
@@ -276,9 +273,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run_gpu_encode(
         args.tokenizer,
         args.data,
-        _csv(args.shapes),
-        [int(w) for w in _csv(args.ws)],
-        sinks=_csv(args.sinks),
+        parse_names(args.shapes),
+        parse_ks(args.ws, "--ws"),
+        sinks=parse_names(args.sinks),
         device=args.device,
         batch_size=args.batch_size,
         layers=args.layers,

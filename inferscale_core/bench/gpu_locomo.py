@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from inferscale_core.bench import locomo
+from inferscale_core.bench.arguments import parse_ks, parse_names
 from inferscale_core.bench.locomo_data import DEFAULT_PATH
 from inferscale_core.bench.report import write_json
 
@@ -74,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         args.data,
         sample=args.sample,
         seed=args.seed,
-        ks=[int(k) for k in args.k.split(",")],
-        ws=[int(w) for w in args.w.split(",")],
-        reference=[r for r in args.reference.split(",") if r],
+        ks=parse_ks(args.k),
+        ws=parse_ks(args.w, "--w"),
+        reference=parse_names(args.reference),
         batch=args.batch,
         json_path=json_path,
         model_name=f"{model_dir.name} (from {args.gguf.name})",

@@ -64,6 +64,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from inferscale_core.bench.arguments import parse_ks
 from inferscale_core.bench.report import (
     figure,
     footnote,
@@ -716,10 +717,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def _sizes(text: str) -> list[int]:
     try:
-        sizes = sorted({int(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"comma-separated whole numbers, got {text!r}") from None
-    if not sizes or sizes[0] < 1:
+        sizes = parse_ks(text, "--sizes")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if sizes[0] < 1:
         raise argparse.ArgumentTypeError(f"sizes must be >= 1, got {text!r}")
     return sizes
 
