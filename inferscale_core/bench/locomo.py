@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import random
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -135,46 +134,34 @@ def run_locomo(
     )
     layout = ChatLayout(builder.layout.tokenizer, SYSTEM_PROMPT)
     qa_builder = PromptBuilder(layout, builder.encoder, builder.store, builder.batch_size)
-    with tempfile.TemporaryDirectory() as tmp:
-        from inferscale_core.factlog import FactLog
-
-        factlog = FactLog.open(Path(tmp) / "facts.db")
-        try:
-            on_progress("importing the sampled conversations")
-            memory = LocomoMemory(factlog, data, sorted({q.sample_id for q in chosen}))
-            if retrieval is not None:
-                hits = locomo_data.load_retrieval(retrieval, memory, chosen, max(ks))
-                result["facts_source"] += f" (hits read from {Path(retrieval).name})"
-            else:
-                if embedder is None:
-                    from inferscale_core.embedder import SentenceTransformerEmbedder
-
-                    embedder = SentenceTransformerEmbedder()
-                on_progress("retrieving")
-                hits = locomo_data.retrieve(memory, embedder, chosen, max(ks))  # best last
-            todo = [q for q in chosen if q.id not in done]
-            _encode_all(
-                qa_builder, memory, [h.fact for q in todo for h in hits[q.id]], ws, on_progress
-            )
-            t0, answered = time.perf_counter(), 0
-            for start in range(0, len(todo), batch):
-                chunk = todo[start : start + batch]
-                for q in chunk:
-                    for hit in hits[q.id]:
-                        result["facts"][str(hit.fact.id)] = hit.fact.text
-                records = _answer_chunk(qa_builder, engine, memory, chunk, hits, settings)
-                done.update({record["id"]: record for record in records})
-                answered += len(chunk)
-                left = (time.perf_counter() - t0) / answered * (len(todo) - answered)
-                on_progress(f"answered {answered}/{len(todo)} (~{left / 60:.0f} min left)")
-                if json_path is not None:
-                    result["questions"] = [done[q.id] for q in chosen if q.id in done]
-                    if scoring:
-                        result["scores"] = score(result)
-                    write_json(result, json_path)
-            result["questions"] = [done[q.id] for q in chosen]
-        finally:
-            factlog.close()
+    on_progress("importing the sampled conversations")
+    with locomo_data.temporary_memory(data, chosen) as memory:
+        if retrieval is not None:
+            hits = locomo_data.load_retrieval(retrieval, memory, chosen, max(ks))
+            result["facts_source"] += f" (hits read from {Path(retrieval).name})"
+        else:
+            on_progress("retrieving")
+            embedder = embedder if embedder is not None else locomo_data.default_embedder()
+            hits = locomo_data.retrieve(memory, embedder, chosen, max(ks))  # best last
+        todo = [q for q in chosen if q.id not in done]
+        _encode_all(qa_builder, memory, [h.fact for q in todo for h in hits[q.id]], ws, on_progress)
+        t0, answered = time.perf_counter(), 0
+        for start in range(0, len(todo), batch):
+            chunk = todo[start : start + batch]
+            for q in chunk:
+                for hit in hits[q.id]:
+                    result["facts"][str(hit.fact.id)] = hit.fact.text
+            records = _answer_chunk(qa_builder, engine, memory, chunk, hits, settings)
+            done.update({record["id"]: record for record in records})
+            answered += len(chunk)
+            left = (time.perf_counter() - t0) / answered * (len(todo) - answered)
+            on_progress(f"answered {answered}/{len(todo)} (~{left / 60:.0f} min left)")
+            if json_path is not None:
+                result["questions"] = [done[q.id] for q in chosen if q.id in done]
+                if scoring:
+                    result["scores"] = score(result)
+                write_json(result, json_path)
+        result["questions"] = [done[q.id] for q in chosen]
     if scoring:
         result["scores"] = score(result)
     if json_path is not None:
@@ -194,24 +181,14 @@ def export_retrieval(
 ) -> dict[str, Any]:
     """Retrieve the top ``k`` facts of the sampled questions as :func:`run_locomo` does and
     write them to ``path`` (for ``run_locomo(retrieval=path)``, e.g. on another machine)."""
-    from inferscale_core.factlog import FactLog
-
     chosen = locomo_data.sample_questions(
         locomo_data.questions(locomo_data.load(data)), sample, seed
     )
-    if embedder is None:
-        from inferscale_core.embedder import SentenceTransformerEmbedder
-
-        embedder = SentenceTransformerEmbedder()
-    with tempfile.TemporaryDirectory() as tmp:
-        factlog = FactLog.open(Path(tmp) / "facts.db")
-        try:
-            on_progress("importing the sampled conversations")
-            memory = LocomoMemory(factlog, data, sorted({q.sample_id for q in chosen}))
-            on_progress(f"retrieving the top {k} facts of {len(chosen)} questions")
-            hits = locomo_data.retrieve(memory, embedder, chosen, k)
-        finally:
-            factlog.close()
+    embedder = embedder if embedder is not None else locomo_data.default_embedder()
+    on_progress("importing the sampled conversations")
+    with locomo_data.temporary_memory(data, chosen) as memory:
+        on_progress(f"retrieving the top {k} facts of {len(chosen)} questions")
+        hits = locomo_data.retrieve(memory, embedder, chosen, k)
     meta = {
         **provenance("locomo-retrieval", getattr(embedder, "name", type(embedder).__name__)),
         "data": str(data),

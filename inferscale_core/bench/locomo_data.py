@@ -16,9 +16,11 @@ extractor's quality does not change.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -150,9 +152,28 @@ class LocomoMemory:
         return MemoryFact(fact.text, fact.refers_to, context)
 
 
+@contextlib.contextmanager
+def temporary_memory(data: Path | str, chosen: Sequence[Question]) -> Iterator[LocomoMemory]:
+    """The conversations of the chosen questions in a fact log that lives as long as the
+    ``with`` block (a temporary folder)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        factlog = FactLog.open(Path(tmp) / "facts.db")
+        try:
+            yield LocomoMemory(factlog, data, sorted({q.sample_id for q in chosen}))
+        finally:
+            factlog.close()
+
+
 # --------------------------------------------------------------------------- retrieval files
 #: Version of the ``--export-retrieval`` file; a reader refuses any other.
 RETRIEVAL_FORMAT = 1
+
+
+def default_embedder() -> Any:
+    """MiniLM, as the product retrieves with it."""
+    from inferscale_core.embedder import SentenceTransformerEmbedder
+
+    return SentenceTransformerEmbedder()
 
 
 def retrieve(memory: LocomoMemory, embedder: Any, chosen: Sequence[Question], k: int) -> dict:
