@@ -7,12 +7,10 @@ the path the H200 takes (no MiniLM, no nltk there) cannot rot between GPU sessio
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from repo_process import run_python
 
 from inferscale_core.bench import locomo
 from inferscale_core.bench.locomo_data import DEFAULT_PATH
@@ -29,12 +27,8 @@ def test_gpu_locomo_answers_on_exported_hits_and_leaves_scoring_to_rescore(tmp_p
     hits = tmp_path / "hits.json"
     locomo.export_retrieval(DEFAULT_PATH, hits, sample=2, k=2)
     out = tmp_path / "out"
-    repo = Path(__file__).resolve().parents[1]
-    path = os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING", PYTHONPATH=path)
-    done = subprocess.run(
+    done = run_python(
         [
-            sys.executable,
             "-m",
             "inferscale_core.bench.gpu_locomo",
             str(out),
@@ -59,11 +53,7 @@ def test_gpu_locomo_answers_on_exported_hits_and_leaves_scoring_to_rescore(tmp_p
             "--batch",
             "2",
         ],
-        capture_output=True,
-        text=True,
         timeout=900,
-        env=env,
-        cwd=repo,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert "answered 2 questions" in done.stdout

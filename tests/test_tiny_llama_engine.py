@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from repo_process import run_python
 
 pytestmark = pytest.mark.engine
 
@@ -16,17 +14,7 @@ SCRIPT = Path(__file__).with_name("tiny_llama_check.py")
 
 
 def test_tiny_llama3_rope_injection_is_exact(smollm2_path: Path, tmp_path: Path):
-    repo = Path(__file__).resolve().parents[1]
-    path = os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING", PYTHONPATH=path)
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), str(tmp_path), str(smollm2_path)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-        cwd=repo,
-    )
+    done = run_python([str(SCRIPT), str(tmp_path), str(smollm2_path)], timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     print(report)
