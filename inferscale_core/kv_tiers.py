@@ -201,8 +201,8 @@ class DeviceTier:
         """
         size = self.region_size(entry)
         self.remove(entry.key)
-        evictable = sum(r.size for k, r in self._entries.items() if k not in keep)
-        if size > self.allocator.free_bytes + evictable:
+        kept = sum(self._entries[k].size for k in keep if k in self._entries)
+        if size > self.allocator.free_bytes + self.used - kept:  # used - kept: evictable
             return False
         while (offset := self.allocator.alloc(size)) is None:
             victim = next((k for k in self._entries if k not in keep), None)

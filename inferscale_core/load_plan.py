@@ -40,7 +40,6 @@ class LoadPlan:
     end: int
     pieces: list[Piece]
     entry_keys: list[str]
-    slots: Sequence[int] = ()  # int64 [end - start] cache slot of each position, set on alloc
 
     @property
     def num_tokens(self) -> int:

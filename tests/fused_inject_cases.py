@@ -82,7 +82,9 @@ def run_case(layout: PagedLayout, spec: RopeSpec, dtype: torch.dtype, device: st
     slots = slot_mapping(BLOCK_IDS, BLOCK_SIZE, start, start + tokens)
     fused = [_cache(layout, dtype, device) for _ in range(LAYERS)]
     reference = [_cache(layout, dtype, device) for _ in range(LAYERS)]
-    FusedInjector(fused, layout, BLOCK_SIZE, HEADS, DIM, spec).inject(pieces, start, slots)
+    FusedInjector(fused, layout, BLOCK_SIZE, HEADS, DIM, spec).inject(
+        pieces, start, tokens, BLOCK_IDS
+    )
 
     k_pre = torch.cat([entries[e][0][:, a:b] for e, a, b, _ in spans], dim=1)
     v_all = torch.cat([entries[e][1][:, a:b] for e, a, b, _ in spans], dim=1)

@@ -62,17 +62,24 @@ def _piece(tokens: int, src: tuple[int, int], dst: int) -> SourcePiece:
 
 def test_pieces_must_tile_the_span_exactly_once():
     injector = _injector()
-    with pytest.raises(ValueError, match="cover 3 tokens for 4 slots"):
-        injector.inject([_piece(5, (0, 3), 0)], 0, [0, 1, 2, 3])
+    with pytest.raises(ValueError, match="cover 3 tokens of a 4-token span"):
+        injector.inject([_piece(5, (0, 3), 0)], 0, 4, [0])
     with pytest.raises(ValueError, match="tile"):  # right count, but overlapping
-        injector.inject([_piece(5, (0, 2), 0), _piece(5, (0, 2), 1)], 0, [0, 1, 2, 3])
+        injector.inject([_piece(5, (0, 2), 0), _piece(5, (0, 2), 1)], 0, 4, [0])
+    with pytest.raises(ValueError, match="tile"):  # right count, but a gap
+        injector.inject([_piece(5, (0, 2), 0), _piece(5, (0, 2), 3)], 0, 4, [0, 1])
+
+
+def test_the_block_table_must_reach_the_end_of_the_span():
+    with pytest.raises(ValueError, match="1 blocks do not reach position 5"):
+        _injector().inject([_piece(6, (0, 6), 0)], 0, 6, [0])
 
 
 def test_refuses_entries_of_another_shape_and_unlike_caches():
     injector = _injector()
     wrong_heads = SourcePiece(torch.zeros(2, 4, 3, 16), torch.zeros(2, 4, 3, 16), 0, 4, 0)
     with pytest.raises(ValueError, match="does not fit 2 layers of 2 heads x 16"):
-        injector.inject([wrong_heads], 0, [0, 1, 2, 3])
+        injector.inject([wrong_heads], 0, 4, [0])
     spec = RopeSpec(16, 16, tuple([1.0] * 8), 1.0, True, "default")
     unlike = [torch.zeros(2, 4, 4, 2, 16), torch.zeros(2, 5, 4, 2, 16)]
     with pytest.raises(ValueError, match="alike"):

@@ -241,6 +241,57 @@ def test_forget_in_another_process_is_seen_by_the_scheduler(tmp_path):
     assert engine_side.where("a") == []
 
 
+def _age_folder(path, seconds: float = 10.0) -> None:
+    """Set the folder's mtime into the past, as it is between a store's writes."""
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def test_header_reader_sees_a_forget_in_another_process(tmp_path):
+    engine_side, app_side = KVStore(tmp_path), KVStore(tmp_path)
+    app_side.put(_entry("a"))
+    app_side.put(_entry("b"))
+    _age_folder(tmp_path)
+    read = engine_side.header_reader()
+    assert read("a").token_ids == read("b").token_ids == (100, 101, 102)
+    app_side.delete("a")  # the folder's mtime moves on
+    read = engine_side.header_reader()
+    with pytest.raises(EntryMissingError):
+        read("a")
+    assert read("b").fingerprint == "fp1"
+
+
+def test_header_reader_trusts_an_unchanged_folder_and_never_a_racy_one(tmp_path, monkeypatch):
+    store = KVStore(tmp_path)
+    store.put(_entry("a"))
+    _age_folder(tmp_path)
+    store.header_reader()("a")  # seen: the file existed after the folder was statted
+    checked = []
+    real_exists = os.path.exists
+    monkeypatch.setattr(os.path, "exists", lambda p: checked.append(p) or real_exists(p))
+    read = store.header_reader()
+    assert read("a").key == "a" and checked == []  # one folder stat, no file check
+    os.utime(tmp_path)  # an mtime of now: a change in this tick could hide behind it
+    read = store.header_reader()
+    assert read("a").key == "a" and len(checked) == 1
+
+
+def test_get_many_is_get_for_each_key_in_order(tmp_path):
+    store = _tiered(tmp_path, host_entries=1, device_entries=1)
+    for key in ("a", "b", "c"):
+        store.put(_entry(key))
+    store.prefetch(["a"])  # a: device (and host, which held c); b, c: disk only
+    got = store.get_many(["b", "a", "c", "a"])
+    assert [e.key for e in got] == ["b", "a", "c", "a"]
+    assert all(_same(e, _entry(e.key)) for e in got)
+    tiers = store.stats().tiers
+    assert (tiers["device"].hits, tiers["host"].hits, tiers["disk"].hits) == (2, 0, 2)
+    with pytest.raises(FingerprintMismatchError):
+        store.get_many(["a"], fingerprint="fp2")
+    with pytest.raises(EntryMissingError):
+        store.get_many(["a", "nope"])
+
+
 def test_fingerprint_mismatch_raises_from_every_tier(tmp_path):
     store = _tiered(tmp_path, host_entries=4, device_entries=2)
     store.put(_entry("a"))

@@ -120,7 +120,7 @@ class Suite:
         from vllm import SamplingParams
 
         extra = {"kv_transfer_params": kv_params} if kv_params else None
-        params = SamplingParams(max_tokens=1, temperature=0.0, extra_args=extra)
+        params = SamplingParams(max_tokens=1, temperature=0.0, extra_args=extra, skip_clone=True)
         prompt: dict[str, Any] = {"prompt_token_ids": prompt_ids}
         if kv_params:
             prompt["cache_salt"] = "gpu-suite"
@@ -129,6 +129,9 @@ class Suite:
         return time.perf_counter() - t0
 
     def ttft(self, runs: int = 15, warmup: int = 3) -> list[dict]:
+        from inferscale_core.vllm_plugin.connector import in_process_worker
+
+        worker = in_process_worker()
         for _ in range(warmup):
             for k in (5, 50):
                 composed = self.request(k)
@@ -139,6 +142,7 @@ class Suite:
             cells: dict[str, list[float]] = {m: [] for m in ("inject", "prompt", "prompt_warm")}
             walls: dict[str, list[float]] = {"inject": [], "prompt": []}
             loaded, computed = [], []
+            load_parts: list[dict[str, float]] = []  # the worker's timing, no syncs: CPU time
             warm = self.request(k).prompt_ids
             self._ttft(warm)  # prime the prefix cache with the identical prompt
             for _ in range(runs):
@@ -146,6 +150,8 @@ class Suite:
                 ttft, result = self._ttft(composed)
                 assert result.refused is None, result.refused
                 cells["inject"].append(ttft)
+                if worker is not None and k:
+                    load_parts.append(dict(worker.last_load))
                 loaded.append(result.injected_tokens)
                 computed.append(result.computed_tokens)
                 cells["prompt"].append(self._ttft(self.request(k).prompt_ids)[0])
@@ -174,6 +180,14 @@ class Suite:
                         else 0,
                         "computed_tokens_median": (
                             statistics.median(computed) if mode == "inject" else None
+                        ),
+                        "load_ms_medians": (
+                            {
+                                part: statistics.median(sample[part] for sample in load_parts)
+                                for part in load_parts[0]
+                            }
+                            if mode == "inject" and load_parts
+                            else None
                         ),
                     }
                 )
@@ -241,13 +255,13 @@ class Suite:
             n = entry.k.shape[1]
             pieces.append(SourcePiece(entry.k, entry.v, 0, n, at))
             at += n
-        slots = list(range(tokens))
-        injector.inject(pieces, 0, slots)  # compile
+        block_ids = list(range(blocks))
+        injector.inject(pieces, 0, tokens, block_ids)  # compile
         torch.cuda.synchronize()
         cpu = []
         for _ in range(iters):  # the CPU's part: table, copy and launch (GPU idle meanwhile)
             t0 = time.perf_counter()
-            injector.inject(pieces, 0, slots)
+            injector.inject(pieces, 0, tokens, block_ids)
             cpu.append(time.perf_counter() - t0)
             torch.cuda.synchronize()
         from torch.profiler import ProfilerActivity
@@ -255,7 +269,7 @@ class Suite:
 
         with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(iters):
-                injector.inject(pieces, 0, slots)
+                injector.inject(pieces, 0, tokens, block_ids)
             torch.cuda.synchronize()
         kernel = [e for e in prof.key_averages() if "inject_kernel" in e.key]
         gpu_ms = kernel[0].device_time_total / kernel[0].count / 1e3 if kernel else float("nan")
@@ -315,6 +329,7 @@ class Suite:
                     temperature=0.0,
                     extra_args=extra,
                     ignore_eos=True,
+                    skip_clone=True,  # as the product's engine does
                 )
                 engine.add_request(f"tput-{mode}-{i}", prompt, params)
             done = 0

@@ -11,8 +11,11 @@ cache byte written once.
 
 Layers' caches are separate allocations, and so are the entries: the kernel takes one base
 pointer for each and addresses everything else by signed int64 element offsets from it
-(``data_ptr`` differences), so no pointer table is needed. Pure torch + Triton, no vLLM import:
-the tests run it on CPU tensors under ``TRITON_INTERPRET=1``.
+(``data_ptr`` differences), so no pointer table is needed. The host describes the request
+per piece (a fact's tokens), not per token: four numbers a piece, the block ids, and each
+token's piece by ``np.repeat``; the kernel derives every slot and position from them, so the
+CPU's share of a load grows with the number of facts, not of tokens. Pure torch + Triton, no
+vLLM import: the tests run it on CPU tensors under ``TRITON_INTERPRET=1``.
 """
 
 from __future__ import annotations
@@ -49,10 +52,11 @@ class SourcePiece(NamedTuple):
     dst_start: int
 
 
-# Rows of the per-token table the kernel reads (int64 [_ROWS, tokens]).
-# K and V of an entry have the same shape, so one layer stride serves both. The kernel reads
-# the rows by these numbers.
-_K_OFFSET, _V_OFFSET, _LAYER_STRIDE, _SLOT, _POSITION, _ROWS = range(6)
+# The request's table, one int64 buffer copied in once: four rows of per-piece descriptors
+# (pieces sorted by where they start in the span), each token's piece, and the request's
+# block ids. K and V of an entry have the same shape, so one layer stride serves both. The
+# kernel reads the rows by these numbers.
+_K_OFFSET, _V_OFFSET, _LAYER_STRIDE, _DST_AT, _PIECE_ROWS = range(5)
 
 
 if triton is not None:
@@ -61,11 +65,13 @@ if triton is not None:
     def _inject_kernel(
         src_k,  # K of the first piece: every piece is addressed by element offsets from it
         src_v,  # V of the first piece, the same way
-        table,  # int64 [5, tokens]: rows _K_OFFSET, _V_OFFSET, _LAYER_STRIDE, _SLOT, _POSITION
+        table,  # int64 [4 * pieces + tokens + blocks], see _request_table
+        pieces,
         dst,  # layer 0's cache; layer l's cache starts layer_offsets[l] elements from it
         layer_offsets,  # int64 [layers]
         cos,  # fp32 [positions, rotary_dim // 2]
         sin,  # fp32 [positions, rotary_dim // 2]
+        start,  # request position of span token 0
         tokens,
         block_size,
         block_stride,
@@ -82,11 +88,14 @@ if triton is not None:
     ):
         t = tl.program_id(0)
         layer = tl.program_id(1).to(tl.int64)
-        layer_stride = tl.load(table + 2 * tokens + t)
-        k_row = tl.load(table + 0 * tokens + t) + layer * layer_stride
-        v_row = tl.load(table + 1 * tokens + t) + layer * layer_stride
-        slot = tl.load(table + 3 * tokens + t)
-        position = tl.load(table + 4 * tokens + t)
+        p = tl.load(table + 4 * pieces + t)  # this token's piece
+        within = t - tl.load(table + 3 * pieces + p)  # token of the piece
+        layer_stride = tl.load(table + 2 * pieces + p)
+        row = within * (HEADS * DIM) + layer * layer_stride
+        k_row = tl.load(table + 0 * pieces + p) + row
+        v_row = tl.load(table + 1 * pieces + p) + row
+        position = start + t
+        block_id = tl.load(table + 4 * pieces + tokens + position // block_size)
 
         h = tl.arange(0, HEADS_P2)[:, None]  # [heads, 1]
         d = tl.arange(0, DIM_P2)[None, :]  # [1, dim]
@@ -109,12 +118,11 @@ if triton is not None:
         s = tl.load(sin + position * half + freq, mask=rotated, other=0.0)
         k_out = x * c + (sign * x_partner) * s  # [heads, dim] fp32; pass-through dims: x
 
-        block = slot // block_size
         at = (
             dst
             + tl.load(layer_offsets + layer)
-            + block * block_stride
-            + (slot - block * block_size) * offset_stride
+            + block_id * block_stride
+            + (position % block_size) * offset_stride
             + h * head_stride
             + d * dim_stride
         )
@@ -164,28 +172,35 @@ class FusedInjector:
         self._copied: torch.cuda.Event | None = None  # when the last table copy was done
 
     def _stage(
-        self, pieces: Sequence[SourcePiece], first: SourcePiece, start: int, slots: Sequence[int]
-    ) -> torch.Tensor:
-        """The per-token table, built in a reused pinned buffer and copied asynchronously
-        (a pageable copy would block until the GPU drains)."""
-        tokens = len(slots)
-        size = _ROWS * tokens
+        self,
+        pieces: Sequence[SourcePiece],
+        first: SourcePiece,
+        start: int,
+        tokens: int,
+        block_ids: Sequence[int],
+    ) -> tuple[torch.Tensor, int]:
+        """The request's table (see :func:`_request_table`), built in a reused pinned buffer and
+        copied asynchronously (a pageable copy would block until the GPU drains); returns it on
+        the device and the number of pieces."""
+        size = _PIECE_ROWS * len(pieces) + tokens + len(block_ids)
         if self._device_table.numel() < size:
-            capacity = max(_ROWS * 4096, 1 << (size - 1).bit_length())
+            capacity = max(16384, 1 << (size - 1).bit_length())
             pin = self.device.type == "cuda"
             self._host_table = torch.empty(capacity, dtype=torch.int64, pin_memory=pin)
             self._device_table = torch.empty(capacity, dtype=torch.int64, device=self.device)
             self._copied = None
         if self._copied is not None:
             self._copied.synchronize()  # the previous copy has read the host buffer
-        host = self._host_table[:size].view(_ROWS, tokens)
-        _token_table(pieces, first, start, slots, self.kv_heads * self.head_dim, host.numpy())
-        device = self._device_table[:size].view(_ROWS, tokens)
+        host = self._host_table[:size]
+        count = _request_table(
+            pieces, first, start, tokens, block_ids, self.kv_heads * self.head_dim, host.numpy()
+        )
+        device = self._device_table[:size]
         device.copy_(host, non_blocking=True)
         if self.device.type == "cuda":
             self._copied = torch.cuda.Event()
             self._copied.record()
-        return device
+        return device, count
 
     def _tables(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin for positions ``[0, end)`` at least, grown by powers of two."""
@@ -199,39 +214,48 @@ class FusedInjector:
         self,
         pieces: Sequence[SourcePiece],
         start: int,
-        slots: Sequence[int],  # the request's slot of each position in [start, start + len)
+        tokens: int,
+        block_ids: Sequence[int],  # the request's block table, from position 0 to at least the end
     ) -> None:
-        """Write positions ``[start, start + len(slots))``, which ``pieces`` must tile exactly."""
-        tokens = len(slots)
+        """Write positions ``[start, start + tokens)``, which ``pieces`` must tile exactly, to
+        the slots the block table gives them: block ``block_ids[p // block_size]``, offset
+        ``p % block_size``."""
         if tokens == 0:
             return
         layers = len(self.caches)
         first = pieces[0]
-        for piece in pieces:
-            if piece.k.shape[0] != layers or piece.k.shape[2:] != (self.kv_heads, self.head_dim):
+        k_dtype, v_dtype, device = first.k.dtype, first.v.dtype, self.device
+        for piece in pieces:  # cheap checks: this runs for every fact of every request
+            k, v = piece.k, piece.v
+            shape = k.shape
+            if shape[0] != layers or shape[2] != self.kv_heads or shape[3] != self.head_dim:
                 raise ValueError(
-                    f"stored K {tuple(piece.k.shape)} does not fit {layers} layers of"
+                    f"stored K {tuple(shape)} does not fit {layers} layers of"
                     f" {self.kv_heads} heads x {self.head_dim}"
                 )
-            if piece.v.shape != piece.k.shape:
+            if v.shape != shape:
                 raise ValueError("the fused kernel needs V shaped like K")
-            if piece.k.dtype != first.k.dtype or piece.v.dtype != first.v.dtype:
+            if k.dtype is not k_dtype or v.dtype is not v_dtype:
                 raise ValueError("the pieces of one request must share their dtypes")
-            if piece.k.device != self.device or piece.v.device != self.device:
+            if k.device != device or v.device != device:
                 raise ValueError("stage the pieces on the cache's device first")
-            if not (piece.k.is_contiguous() and piece.v.is_contiguous()):
+            if not (k.is_contiguous() and v.is_contiguous()):
                 raise ValueError("the pieces must be contiguous [layers, tokens, heads, dim]")
-        table = self._stage(pieces, first, start, slots)  # int64 [5, tokens] on the device
+        if (start + tokens - 1) // self.geometry.block_size >= len(block_ids):
+            raise ValueError(f"{len(block_ids)} blocks do not reach position {start + tokens - 1}")
+        table, count = self._stage(pieces, first, start, tokens, block_ids)
         cos, sin = self._tables(start + tokens)
         g = self.geometry
         _inject_kernel[(tokens, layers)](
             first.k,
             first.v,
             table,
+            count,
             self.caches[0],
             self._layer_offsets,
             cos,
             sin,
+            start,
             tokens,
             g.block_size,
             g.block_stride,
@@ -261,33 +285,45 @@ def _element_offsets(base: torch.Tensor, tensors: Sequence[torch.Tensor]) -> lis
     return offsets
 
 
-def _token_table(
+def _request_table(
     pieces: Sequence[SourcePiece],
     first: SourcePiece,
     start: int,
-    slots: Sequence[int],
+    tokens: int,
+    block_ids: Sequence[int],
     row_elements: int,  # kv_heads * head_dim: one token of one layer
-    table: np.ndarray,  # int64 [5, tokens], filled here
-) -> None:
-    """Per request position: where its K and V rows start (layer 0), the entry's layer
-    stride, its slot and its position. Checks that the pieces tile the span."""
-    tokens = len(slots)
-    lengths = np.array([p.src_end - p.src_start for p in pieces], dtype=np.int64)  # [pieces]
-    if (lengths <= 0).any() or lengths.sum() != tokens:
-        raise ValueError(f"pieces cover {int(lengths.sum())} tokens for {tokens} slots")
-    k_base = np.array(_element_offsets(first.k, [p.k for p in pieces]), dtype=np.int64)
-    v_base = np.array(_element_offsets(first.v, [p.v for p in pieces]), dtype=np.int64)
-    entry_tokens = np.array([p.k.shape[1] for p in pieces], dtype=np.int64)
-    src_start = np.array([p.src_start for p in pieces], dtype=np.int64)
-    dst_at = np.array([p.dst_start - start for p in pieces], dtype=np.int64)
-    piece_of = np.repeat(np.arange(len(pieces)), lengths)  # [tokens]
-    within = np.arange(tokens, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    column = dst_at[piece_of] + within  # each token's request position, minus start
-    if column.min() < 0 or column.max() >= tokens or np.bincount(column).max() != 1:
+    table: np.ndarray,  # int64 [4 * pieces + tokens + blocks], filled here
+) -> int:
+    """The kernel's table: per piece, in span order, where its first source token's K and V
+    rows start (layer 0, elements from ``first``'s), the entry's layer stride and where the
+    piece starts in the span; then each span token's piece; then the block ids. Checks that
+    the pieces tile the span exactly once. One Python pass over the pieces, the rest numpy."""
+    count = len(pieces)
+    info = np.array(  # int64 [pieces, 6], one pass: this runs for every request
+        [
+            (p.dst_start, p.src_start, p.src_end, p.k.shape[1], p.k.data_ptr(), p.v.data_ptr())
+            for p in pieces
+        ],
+        dtype=np.int64,
+    )
+    info = info[np.argsort(info[:, 0], kind="stable")]  # span order
+    dst_at, src_start, lengths = info[:, 0] - start, info[:, 1], info[:, 2] - info[:, 1]
+    ends = np.cumsum(lengths)
+    if (lengths <= 0).any() or ends[-1] != tokens:
+        raise ValueError(f"pieces cover {int(lengths.sum())} tokens of a {tokens}-token span")
+    if dst_at[0] != 0 or (dst_at[1:] != ends[:-1]).any():
         raise ValueError("the pieces do not tile the request's span exactly once")
-    source_token = src_start[piece_of] + within
-    table[_K_OFFSET, column] = k_base[piece_of] + source_token * row_elements
-    table[_V_OFFSET, column] = v_base[piece_of] + source_token * row_elements
-    table[_LAYER_STRIDE, column] = entry_tokens[piece_of] * row_elements
-    table[_SLOT] = np.asarray(slots, dtype=np.int64)
-    table[_POSITION] = np.arange(start, start + tokens, dtype=np.int64)
+    k_bytes = info[:, 4] - first.k.data_ptr()
+    v_bytes = info[:, 5] - first.v.data_ptr()
+    k_size, v_size = first.k.element_size(), first.v.element_size()
+    if (k_bytes % k_size).any() or (v_bytes % v_size).any():
+        raise ValueError("tensor start not aligned to its element size")
+    rows = table[: _PIECE_ROWS * count].reshape(_PIECE_ROWS, count)
+    rows[_K_OFFSET] = k_bytes // k_size + src_start * row_elements
+    rows[_V_OFFSET] = v_bytes // v_size + src_start * row_elements
+    rows[_LAYER_STRIDE] = info[:, 3] * row_elements
+    rows[_DST_AT] = dst_at
+    at = _PIECE_ROWS * count
+    table[at : at + tokens] = np.repeat(np.arange(count, dtype=np.int64), lengths)
+    table[at + tokens : at + tokens + len(block_ids)] = block_ids
+    return count

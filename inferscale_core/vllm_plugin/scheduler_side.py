@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from inferscale_core.kvstore import KVStore
-from inferscale_core.load_plan import LoadPlan, Refused, plan_load, slot_mapping
+from inferscale_core.load_plan import LoadPlan, Refused, plan_load
 from inferscale_core.vllm_plugin.metadata import InjectionMetadata, LoadOp
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ class InjectionScheduler:
                 request.prompt_token_ids or [],
                 request.num_tokens,
                 num_computed_tokens,
-                self.store.header,
+                self.store.header_reader(),  # one folder stat for all entries
                 self.fingerprint,
                 prompt_logprobs=prompt_logprobs,
             )
@@ -74,11 +74,9 @@ class InjectionScheduler:
         plan = state.plan
         if num_external_tokens < plan.num_tokens:  # the scheduler took less than offered
             plan = state.plan = plan.truncated(num_external_tokens)
-        block_ids = blocks.get_block_ids()[0]
-        plan.slots = slot_mapping(block_ids, self.block_size, plan.start, plan.end)
-        self._ready.append(
-            LoadOp(request.request_id, plan.start, plan.end, plan.pieces, plan.slots)
-        )
+        reach = -(-plan.end // self.block_size)  # the blocks up to the span's end
+        block_ids = blocks.get_block_ids()[0][:reach]
+        self._ready.append(LoadOp(request.request_id, plan.start, plan.end, plan.pieces, block_ids))
         state.loaded_tokens = plan.num_tokens
 
     def build_connector_meta(self) -> InjectionMetadata:

@@ -131,6 +131,9 @@ class VllmEngine:
             ignore_eos=ignore_eos,
             output_kind=RequestOutputKind.DELTA,
             extra_args=extra,
+            # Made for this one request: vLLM may use it as is instead of deep-copying it (a
+            # copy of the ~50-entry load list per request).
+            skip_clone=True,
         )
 
     def _request(

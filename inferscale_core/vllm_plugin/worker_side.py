@@ -219,15 +219,16 @@ class InjectionWorker:
         layers = self.layers
         first_cache = _layer_cache(layers[0][1])
         device, dtype = first_cache.device, first_cache.dtype
-        entries = [self.store.get(piece.key) for piece in op.pieces]
+        entries = self.store.get_many([piece.key for piece in op.pieces])
         t1 = time.perf_counter()
         num_layers, _, kv_heads, head_dim = entries[0].k.shape
         head_dim_v = entries[0].v.shape[-1]
         tokens = op.end - op.start
-        if num_layers != len(layers) or tokens != len(op.slots):
+        if num_layers != len(layers) or len(op.block_ids) * self.block_size < op.end:
             raise RuntimeError(
-                f"stored KV has {num_layers} layers for {len(layers)} and {tokens} tokens for"
-                f" {len(op.slots)} slots; the scheduler should have refused this request"
+                f"stored KV has {num_layers} layers for {len(layers)}, and {len(op.block_ids)}"
+                f" blocks must reach position {op.end}; the scheduler should have refused this"
+                " request"
             )
         injector = self.fused_injector() if device.type == "cuda" else None
         if injector is not None:
@@ -244,7 +245,7 @@ class InjectionWorker:
             if self.sync_timing:
                 torch.cuda.synchronize(device)
             t2 = time.perf_counter()
-            injector.inject(pieces, op.start, op.slots)
+            injector.inject(pieces, op.start, tokens, op.block_ids)
             if self.sync_timing:
                 torch.cuda.synchronize(device)
             t3 = time.perf_counter()
@@ -282,7 +283,7 @@ class InjectionWorker:
             if rotary is not None:
                 for layer_k in k_post:  # [tokens, kv_heads, head_dim], contiguous
                     rotary(positions, layer_k)
-        slots = torch.as_tensor(op.slots, dtype=torch.int64, device=device)  # [tokens]
+        slots = torch.as_tensor(op.slots(self.block_size), device=device)  # int64 [tokens]
         if self.sync_timing and device.type == "cuda":
             torch.cuda.synchronize(device)  # benchmarks only: time the kernels, not launches
         t2 = time.perf_counter()
