@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from inferscale_core.types import FactKV
@@ -134,11 +135,17 @@ class ExtentAllocator:
             del self._starts[nxt], self._sizes[nxt]
 
 
+# What a kernel needs to know to read an entry in place: (dtype, layers, kv_heads, head_dim).
+EntryLayout = tuple[torch.dtype, int, int, int]
+
+
 @dataclass(slots=True)
 class _Resident:
     entry: FactKV  # k, v are views into the pool
-    offset: int
+    offset: int  # byte offset of K in the pool
     size: int  # bytes reserved, aligned
+    span: tuple[int, int, int]  # (K byte offset, V byte offset, tokens)
+    layout: EntryLayout | None  # None: K and V differ in shape or dtype
     ready: Any = None  # torch.cuda.Event while the copy into the pool may be in flight
 
 
@@ -190,6 +197,37 @@ class DeviceTier:
                 torch.cuda.current_stream(self.device).wait_event(res.ready)
         return res.entry
 
+    def spans(
+        self, keys: Sequence[str], fingerprint: str | None = None
+    ) -> tuple[torch.Tensor, np.ndarray, EntryLayout] | None:
+        """Where the entries sit in the pool, for a kernel that reads them in place: the pool,
+        int64 [len(keys), 3] rows ``(K byte offset, V byte offset, tokens)`` and the layout
+        they share. Marks them recently used and orders their copies in before the current
+        stream's next work. None unless every key is resident with one layout (and
+        ``fingerprint``, if given): then read the views with :meth:`get`. A handful of ints per
+        entry: this runs for every request."""
+        rows = []
+        layout = None
+        for key in keys:
+            res = self._entries.get(key)
+            if res is None or res.layout is None or (layout is not None and res.layout != layout):
+                return None
+            if fingerprint is not None and res.entry.fingerprint != fingerprint:
+                return None
+            layout = res.layout
+            rows.append(res.span)
+        if self._pool is None or layout is None:
+            return None
+        for key in keys:
+            res = self._entries[key]
+            self._entries.move_to_end(key)
+            if res.ready is not None:
+                if res.ready.query():
+                    res.ready = None
+                else:
+                    torch.cuda.current_stream(self.device).wait_event(res.ready)
+        return self._pool, np.array(rows, dtype=np.int64), layout
+
     def touch(self, key: str) -> None:
         self._entries.move_to_end(key)
 
@@ -229,7 +267,12 @@ class DeviceTier:
             k.copy_(entry.k)
             v.copy_(entry.v)
         views = FactKV(entry.key, list(entry.token_ids), k, v, entry.fingerprint)
-        self._entries[entry.key] = _Resident(views, offset, size, ready)
+        layers, tokens, heads, dim = entry.k.shape
+        layout: EntryLayout | None = (entry.k.dtype, layers, heads, dim)
+        if entry.v.shape != entry.k.shape or entry.v.dtype != entry.k.dtype:
+            layout = None  # not readable in place as one kind of entry; views still are
+        span = (offset, offset + self.allocator.round(_nbytes(entry.k)), tokens)
+        self._entries[entry.key] = _Resident(views, offset, size, span, layout, ready)
         self.used += size
         return True
 

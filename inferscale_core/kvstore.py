@@ -28,11 +28,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from inferscale_core.kv_tiers import DeviceTier, HostTier, to_host
+from inferscale_core.kv_tiers import DeviceTier, EntryLayout, HostTier, to_host
 from inferscale_core.types import FactKV
 
 FORMAT = "inferscale-kv/1"
@@ -284,6 +285,20 @@ class KVStore:
                 raise FingerprintMismatchError(key, entry.fingerprint, expected)
             out.append(entry)
         return out
+
+    def device_spans(
+        self, keys: Sequence[str]
+    ) -> tuple[torch.Tensor, np.ndarray, EntryLayout] | None:
+        """Where ``keys`` sit in the device pool, for the load kernel to read them in place
+        (see :meth:`DeviceTier.spans`); None unless all are there, with one layout and this
+        store's fingerprint (then :meth:`get_many` serves them, or says what is wrong)."""
+        if self.device_tier is None:
+            return None
+        with self._lock:
+            found = self.device_tier.spans(keys, self.fingerprint)
+            if found is not None:
+                self._hits["device"] += len(keys)
+        return found
 
     def prefetch(self, keys: Iterable[str]) -> PrefetchReport:
         """Move ``keys`` to the fastest tier before an injection; missing keys are reported.

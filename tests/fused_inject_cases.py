@@ -13,9 +13,10 @@ import json
 import math
 import sys
 
+import numpy as np
 import torch
 
-from inferscale_core.load_plan import slot_mapping
+from inferscale_core.load_plan import Piece, slot_mapping
 from inferscale_core.rope import RopeSpec, rotate
 from inferscale_core.vllm_plugin.fused_inject import FusedInjector, SourcePiece
 from inferscale_core.vllm_plugin.paged_layouts import PagedLayout, gather_kv, scatter_kv
@@ -57,6 +58,11 @@ def _pool_entries(
     return entries  # views: they keep the pool alive
 
 
+def _span(pool: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int]:
+    """(K byte offset, V byte offset, tokens) of an entry in ``pool``, as DeviceTier.spans."""
+    return (k.data_ptr() - pool.data_ptr(), v.data_ptr() - pool.data_ptr(), k.shape[1])
+
+
 def _error_in_ulps(got: torch.Tensor, want: torch.Tensor) -> float:
     """Largest |got - want| in units in the last place of ``want``'s largest magnitude (a
     rounding-level error is at most ~1; where the rotation cancels, the result's own ulp would
@@ -85,6 +91,20 @@ def run_case(layout: PagedLayout, spec: RopeSpec, dtype: torch.dtype, device: st
     FusedInjector(fused, layout, BLOCK_SIZE, HEADS, DIM, spec).inject(
         pieces, start, tokens, BLOCK_IDS
     )
+    # The same load described by numbers: offsets in the entries' one pool (the GPU tier's path).
+    in_place = [_cache(layout, dtype, device) for _ in range(LAYERS)]
+    pool = entries[0][0]._base  # the uint8 buffer every entry is a view of
+    pool_spans = np.array([_span(pool, *entries[spans[i][0]]) for i in order], dtype=np.int64)
+    FusedInjector(in_place, layout, BLOCK_SIZE, HEADS, DIM, spec).inject_in_place(
+        pool,
+        pool_spans,
+        (dtype, LAYERS, HEADS, DIM),
+        [Piece("", *spans[i][1:]) for i in order],
+        start,
+        tokens,
+        BLOCK_IDS,
+    )
+    in_place_equal = all(torch.equal(a, b) for a, b in zip(in_place, fused, strict=True))
 
     k_pre = torch.cat([entries[e][0][:, a:b] for e, a, b, _ in spans], dim=1)
     v_all = torch.cat([entries[e][1][:, a:b] for e, a, b, _ in spans], dim=1)
@@ -103,7 +123,12 @@ def run_case(layout: PagedLayout, spec: RopeSpec, dtype: torch.dtype, device: st
         cleared = got.clone()
         scatter_kv(cleared, layout, k_got * 0, v_got * 0, slot_tensor, BLOCK_SIZE)
         untouched = untouched and not cleared.any()
-    return {"k_error_ulps": k_ulps, "v_equal": v_equal, "only_slots_written": untouched}
+    return {
+        "k_error_ulps": k_ulps,
+        "v_equal": v_equal,
+        "only_slots_written": untouched,
+        "in_place_equal": in_place_equal,
+    }
 
 
 CASES = {

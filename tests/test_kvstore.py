@@ -292,6 +292,38 @@ def test_get_many_is_get_for_each_key_in_order(tmp_path):
         store.get_many(["a", "nope"])
 
 
+def test_device_spans_locate_resident_entries_in_the_pool(tmp_path):
+    store = _tiered(tmp_path, host_entries=4, device_entries=3)
+    for key, n in (("a", 3), ("b", 5), ("c", 3)):
+        store.put(_entry(key, n))
+    assert store.device_spans(["a"]) is None  # nothing in the pool yet
+    store.prefetch(["a", "b"])
+    pool, spans, layout = store.device_spans(["b", "a"])
+    assert layout == (torch.float32, 2, 2, 8)  # (dtype, layers, kv_heads, head_dim)
+    for (k_at, v_at, tokens), key in zip(spans.tolist(), ["b", "a"], strict=True):
+        views = store.get(key)
+        assert k_at == views.k.data_ptr() - pool.data_ptr()
+        assert v_at == views.v.data_ptr() - pool.data_ptr()
+        assert tokens == views.k.shape[1]
+        stored = pool[k_at : k_at + views.k.numel() * 4].view(torch.float32).view(views.k.shape)
+        assert torch.equal(stored, _entry(key, tokens).k)  # the bytes a kernel would read
+    assert store.device_tier.keys()[-1] == "a"  # marked recently used, in order
+    assert store.device_spans(["a", "c"]) is None  # c is not resident: read it with get
+    assert store.stats().tiers["device"].hits == 4  # two spans + the two gets above
+
+
+def test_device_spans_refuse_mixed_layouts_and_other_models(tmp_path):
+    store = _tiered(tmp_path, host_entries=4, device_entries=3)
+    store.put(_entry("a"))
+    store.put(_entry("h", dtype=torch.bfloat16))
+    store.prefetch(["a", "h"])
+    assert store.device_spans(["a", "h"]) is None  # one kernel reads one dtype
+    assert store.device_spans(["h"])[2][0] is torch.bfloat16
+    other = KVStore(tmp_path / "other", gpu_bytes=1 << 20, device="cpu", fingerprint="fp2")
+    other.device_tier.place(_entry("x"), set(), lambda key, views: None)  # fp1 in an fp2 store
+    assert other.device_spans(["x"]) is None  # so the load goes through get, which raises
+
+
 def test_fingerprint_mismatch_raises_from_every_tier(tmp_path):
     store = _tiered(tmp_path, host_entries=4, device_entries=2)
     store.put(_entry("a"))

@@ -63,6 +63,10 @@ def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
     cudagraph_mode = os.environ.get("TINY_CUDAGRAPH_MODE", "")  # e.g. FULL; "" = vLLM's default
     extra = {"compilation_config": {"cudagraph_mode": cudagraph_mode}} if cudagraph_mode else {}
     kv_write = os.environ.get("TINY_KV_WRITE", "auto")  # "backend": the unfused load
+    import torch
+
+    # On a GPU the store gets its device pool, so the fused load reads entries in place.
+    connector_extra = {"gpu_bytes": 256 << 20} if torch.cuda.is_available() else {}
     runtime = build_runtime(
         model_dir,
         workdir / "kv",
@@ -71,6 +75,7 @@ def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
         dtype=dtype,
         extra=extra,
         kv_write=kv_write,
+        connector_extra=connector_extra,
     )
     builder, engine = runtime.builder, runtime.engine
     facts = [
@@ -119,6 +124,8 @@ def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
         "cudagraph_mode": cudagraph_mode or "default",
         "kv_write": worker.kv_write if worker else None,
         "fused_kernel": bool(worker and worker.writes_with_fused_kernel),
+        # the last load (k=5) read its entries where they sit in the GPU pool
+        "in_place": bool(worker and worker.last_load.get("in_place")),
         "rope_type": "llama3",
         "dtype": dtype,
         # Compared up to the first step where the greedy tokens differ (see max_logprob_delta).

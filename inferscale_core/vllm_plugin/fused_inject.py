@@ -26,6 +26,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from inferscale_core.kv_tiers import EntryLayout
+from inferscale_core.load_plan import Piece
 from inferscale_core.rope import RopeSpec, cos_sin
 from inferscale_core.vllm_plugin.paged_layouts import CacheGeometry, PagedLayout, cache_geometry
 
@@ -167,40 +169,37 @@ class FusedInjector:
             _element_offsets(first, self.caches), dtype=torch.int64, device=self.device
         )  # [layers]
         self._cos = self._sin = torch.empty(0, rope.rotary_dim // 2)
-        self._host_table = torch.empty(0, dtype=torch.int64)  # pinned, [5 * tokens] reused
+        self._host_table = torch.empty(0, dtype=torch.int64)  # pinned, reused
+        self._host_view = self._host_table.numpy()
         self._device_table = torch.empty(0, dtype=torch.int64, device=self.device)
         self._copied: torch.cuda.Event | None = None  # when the last table copy was done
+        self._pool_views: dict[torch.dtype, torch.Tensor] = {}  # a GPU pool as entry dtype
 
     def _stage(
-        self,
-        pieces: Sequence[SourcePiece],
-        first: SourcePiece,
-        start: int,
-        tokens: int,
-        block_ids: Sequence[int],
-    ) -> tuple[torch.Tensor, int]:
+        self, info: np.ndarray, start: int, tokens: int, block_ids: Sequence[int]
+    ) -> torch.Tensor:
         """The request's table (see :func:`_request_table`), built in a reused pinned buffer and
-        copied asynchronously (a pageable copy would block until the GPU drains); returns it on
-        the device and the number of pieces."""
-        size = _PIECE_ROWS * len(pieces) + tokens + len(block_ids)
+        copied asynchronously (a pageable copy would block until the GPU drains)."""
+        size = _PIECE_ROWS * len(info) + tokens + len(block_ids)
         if self._device_table.numel() < size:
             capacity = max(16384, 1 << (size - 1).bit_length())
             pin = self.device.type == "cuda"
             self._host_table = torch.empty(capacity, dtype=torch.int64, pin_memory=pin)
+            self._host_view = self._host_table.numpy()
             self._device_table = torch.empty(capacity, dtype=torch.int64, device=self.device)
             self._copied = None
-        if self._copied is not None:
-            self._copied.synchronize()  # the previous copy has read the host buffer
-        host = self._host_table[:size]
-        count = _request_table(
-            pieces, first, start, tokens, block_ids, self.kv_heads * self.head_dim, host.numpy()
+        if self._copied is not None and not self._copied.query():
+            self._copied.synchronize()  # the previous copy has not read the host buffer yet
+        _request_table(
+            info, start, tokens, block_ids, self.kv_heads * self.head_dim, self._host_view
         )
         device = self._device_table[:size]
-        device.copy_(host, non_blocking=True)
+        device.copy_(self._host_table[:size], non_blocking=True)
         if self.device.type == "cuda":
-            self._copied = torch.cuda.Event()
+            if self._copied is None:
+                self._copied = torch.cuda.Event()
             self._copied.record()
-        return device, count
+        return device
 
     def _tables(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin for positions ``[0, end)`` at least, grown by powers of two."""
@@ -219,13 +218,13 @@ class FusedInjector:
     ) -> None:
         """Write positions ``[start, start + tokens)``, which ``pieces`` must tile exactly, to
         the slots the block table gives them: block ``block_ids[p // block_size]``, offset
-        ``p % block_size``."""
+        ``p % block_size``. The pieces may live anywhere on the cache's device."""
         if tokens == 0:
             return
         layers = len(self.caches)
         first = pieces[0]
         k_dtype, v_dtype, device = first.k.dtype, first.v.dtype, self.device
-        for piece in pieces:  # cheap checks: this runs for every fact of every request
+        for piece in pieces:
             k, v = piece.k, piece.v
             shape = k.shape
             if shape[0] != layers or shape[2] != self.kv_heads or shape[3] != self.head_dim:
@@ -241,16 +240,78 @@ class FusedInjector:
                 raise ValueError("stage the pieces on the cache's device first")
             if not (k.is_contiguous() and v.is_contiguous()):
                 raise ValueError("the pieces must be contiguous [layers, tokens, heads, dim]")
+        info = np.array(  # int64 [pieces, 6], see _request_table
+            [
+                (p.dst_start, p.src_start, p.src_end, p.k.shape[1], p.k.data_ptr(), p.v.data_ptr())
+                for p in pieces
+            ],
+            dtype=np.int64,
+        )
+        info[:, 4] -= first.k.data_ptr()
+        info[:, 5] -= first.v.data_ptr()
+        k_size, v_size = first.k.element_size(), first.v.element_size()
+        if (info[:, 4] % k_size).any() or (info[:, 5] % v_size).any():
+            raise ValueError("tensor start not aligned to its element size")
+        info[:, 4] //= k_size
+        info[:, 5] //= v_size
+        self._launch(first.k, first.v, info, start, tokens, block_ids)
+
+    def inject_in_place(
+        self,
+        pool: torch.Tensor,  # uint8 [bytes]: the GPU tier's one buffer
+        spans: np.ndarray,  # int64 [pieces, 3]: (K byte offset, V byte offset, entry tokens)
+        layout: EntryLayout,  # the entries' (dtype, layers, kv_heads, head_dim)
+        pieces: Sequence[Piece],  # each piece's src_start, src_end, dst_start; rows of spans
+        start: int,
+        tokens: int,
+        block_ids: Sequence[int],
+    ) -> None:
+        """:meth:`inject` for entries that sit in one pool, described by numbers instead of
+        tensors (what :meth:`~inferscale_core.kv_tiers.DeviceTier.spans` gives): no tensor is
+        touched per fact, so the CPU's share stays small at large k."""
+        if tokens == 0:
+            return
+        dtype, layers, heads, dim = layout
+        if (layers, heads, dim) != (len(self.caches), self.kv_heads, self.head_dim):
+            raise ValueError(
+                f"stored entries of {layers} layers x {heads} heads x {dim} do not fit"
+                f" {len(self.caches)} layers of {self.kv_heads} heads x {self.head_dim}"
+            )
+        if pool.device != self.device:
+            raise ValueError("the pool is not on the cache's device")
+        base = self._pool_views.get(dtype)
+        if base is None or base.data_ptr() != pool.data_ptr():
+            base = self._pool_views[dtype] = pool[
+                : pool.numel() // dtype.itemsize * dtype.itemsize
+            ].view(dtype)
+        size = dtype.itemsize
+        if (spans[:, :2] % size).any():
+            raise ValueError("entry start not aligned to its element size")
+        info = np.empty((len(pieces), 6), dtype=np.int64)  # see _request_table
+        info[:, :3] = [(p.dst_start, p.src_start, p.src_end) for p in pieces]
+        info[:, 3] = spans[:, 2]
+        info[:, 4:] = spans[:, :2] // size
+        self._launch(base, base, info, start, tokens, block_ids)
+
+    def _launch(
+        self,
+        src_k: torch.Tensor,
+        src_v: torch.Tensor,
+        info: np.ndarray,
+        start: int,
+        tokens: int,
+        block_ids: Sequence[int],
+    ) -> None:
         if (start + tokens - 1) // self.geometry.block_size >= len(block_ids):
             raise ValueError(f"{len(block_ids)} blocks do not reach position {start + tokens - 1}")
-        table, count = self._stage(pieces, first, start, tokens, block_ids)
+        table = self._stage(info, start, tokens, block_ids)
         cos, sin = self._tables(start + tokens)
         g = self.geometry
-        _inject_kernel[(tokens, layers)](
-            first.k,
-            first.v,
+        _inject_kernel[(tokens, len(self.caches))](
+            src_k,
+            src_v,
             table,
-            count,
+            len(info),
             self.caches[0],
             self._layer_offsets,
             cos,
@@ -286,26 +347,19 @@ def _element_offsets(base: torch.Tensor, tensors: Sequence[torch.Tensor]) -> lis
 
 
 def _request_table(
-    pieces: Sequence[SourcePiece],
-    first: SourcePiece,
+    info: np.ndarray,  # int64 [pieces, 6]: dst_start, src_start, src_end, entry tokens, K and V
+    #                    element offsets of the entry (layer 0, token 0) from the kernel's bases
     start: int,
     tokens: int,
     block_ids: Sequence[int],
     row_elements: int,  # kv_heads * head_dim: one token of one layer
-    table: np.ndarray,  # int64 [4 * pieces + tokens + blocks], filled here
-) -> int:
+    table: np.ndarray,  # int64 [4 * pieces + tokens + blocks] or longer, filled here
+) -> None:
     """The kernel's table: per piece, in span order, where its first source token's K and V
-    rows start (layer 0, elements from ``first``'s), the entry's layer stride and where the
-    piece starts in the span; then each span token's piece; then the block ids. Checks that
-    the pieces tile the span exactly once. One Python pass over the pieces, the rest numpy."""
-    count = len(pieces)
-    info = np.array(  # int64 [pieces, 6], one pass: this runs for every request
-        [
-            (p.dst_start, p.src_start, p.src_end, p.k.shape[1], p.k.data_ptr(), p.v.data_ptr())
-            for p in pieces
-        ],
-        dtype=np.int64,
-    )
+    rows start, the entry's layer stride and where the piece starts in the span; then each
+    span token's piece; then the block ids. Checks that the pieces tile the span exactly once.
+    Numpy over the pieces and tokens, no Python loop."""
+    count = len(info)
     info = info[np.argsort(info[:, 0], kind="stable")]  # span order
     dst_at, src_start, lengths = info[:, 0] - start, info[:, 1], info[:, 2] - info[:, 1]
     ends = np.cumsum(lengths)
@@ -313,17 +367,13 @@ def _request_table(
         raise ValueError(f"pieces cover {int(lengths.sum())} tokens of a {tokens}-token span")
     if dst_at[0] != 0 or (dst_at[1:] != ends[:-1]).any():
         raise ValueError("the pieces do not tile the request's span exactly once")
-    k_bytes = info[:, 4] - first.k.data_ptr()
-    v_bytes = info[:, 5] - first.v.data_ptr()
-    k_size, v_size = first.k.element_size(), first.v.element_size()
-    if (k_bytes % k_size).any() or (v_bytes % v_size).any():
-        raise ValueError("tensor start not aligned to its element size")
+    if (info[:, 1] < 0).any() or (info[:, 2] > info[:, 3]).any():
+        raise ValueError("a piece reaches outside its entry")
     rows = table[: _PIECE_ROWS * count].reshape(_PIECE_ROWS, count)
-    rows[_K_OFFSET] = k_bytes // k_size + src_start * row_elements
-    rows[_V_OFFSET] = v_bytes // v_size + src_start * row_elements
+    rows[_K_OFFSET] = info[:, 4] + src_start * row_elements
+    rows[_V_OFFSET] = info[:, 5] + src_start * row_elements
     rows[_LAYER_STRIDE] = info[:, 3] * row_elements
     rows[_DST_AT] = dst_at
     at = _PIECE_ROWS * count
     table[at : at + tokens] = np.repeat(np.arange(count, dtype=np.int64), lengths)
     table[at + tokens : at + tokens + len(block_ids)] = block_ids
-    return count
