@@ -76,6 +76,9 @@ def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
         extra=extra,
         kv_write=kv_write,
         connector_extra=connector_extra,
+        block_size=int(os.environ["TINY_BLOCK_SIZE"])
+        if os.environ.get("TINY_BLOCK_SIZE")
+        else None,
     )
     builder, engine = runtime.builder, runtime.engine
     facts = [
@@ -122,6 +125,7 @@ def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
     worker = in_process_worker()
     return {
         "cudagraph_mode": cudagraph_mode or "default",
+        "block_size": engine.block_size,
         "kv_write": worker.kv_write if worker else None,
         "fused_kernel": bool(worker and worker.writes_with_fused_kernel),
         # the last load (k=5) read its entries where they sit in the GPU pool

@@ -21,8 +21,9 @@
 #    LOCOMO=1: mkdir -p /tmp/payload-gguf && cp .xfer-gguf/g0? /tmp/payload-gguf/, one a call)
 #                                 bash inferscale_core/bench/gpu_run.sh
 # Steps (each can be turned off): GPU_TESTS=1 the CUDA tests (pytest); SKIP_EXACT=0 exactness on a
-# tiny random Llama in bf16 (CUDA graphs on; TINY_CUDAGRAPH_MODE=FULL, TINY_KV_WRITE=backend);
-# SUITE=1 the 8B-shaped suite (gpu_suite.py);
+# tiny random Llama in bf16 (CUDA graphs on; TINY_CUDAGRAPH_MODE=FULL, TINY_KV_WRITE=backend,
+# TINY_BLOCK_SIZE=64);
+# SUITE=1 the 8B-shaped suite (gpu_suite.py; SUITE_CUDAGRAPH_MODE, SUITE_BLOCK_SIZE, SUITE_UNFUSED);
 # ENCODE=0 encoding throughput (gpu_encode.py); RETRIEVAL=0 exact vs CAGRA (retrieval.py);
 # LOCOMO=0 LoCoMo answered by SmolLM2 on the GPU (gpu_locomo.py; LOCOMO_ARGS e.g. --sample 1540).
 # Results: $OUT/*.json and the logs.

@@ -12,7 +12,8 @@ meaning), and measures in that one engine and run:
   kernel and (``SUITE_UNFUSED=1``) with the unfused per-layer path;
 * throughput of 100 concurrent users, k=50 each (distinct sets), 32 output tokens.
 
-``SUITE_CUDAGRAPH_MODE`` (e.g. ``FULL``) sets vLLM's ``compilation_config.cudagraph_mode``.
+``SUITE_CUDAGRAPH_MODE`` (e.g. ``FULL``) sets vLLM's ``compilation_config.cudagraph_mode``;
+``SUITE_BLOCK_SIZE`` (e.g. ``64``) the KV-cache block size.
 
 Results go to ``OUT_DIR/gpu_suite.json``. Exactness on the GPU is checked separately on a tiny
 random Llama (``tests/tiny_llama_check.py --dtype bfloat16``).
@@ -85,6 +86,8 @@ class Suite:
         self.store_fill_s = time.perf_counter() - t0
         extra: dict[str, Any] = {"load_format": "dummy", "skip_tokenizer_init": True}
         self.cudagraph_mode = os.environ.get("SUITE_CUDAGRAPH_MODE", "")  # "" = vLLM's default
+        block_size = os.environ.get("SUITE_BLOCK_SIZE", "")  # "" = vLLM's default (16)
+        self.block_size = int(block_size) if block_size else None
         if self.cudagraph_mode:
             extra["compilation_config"] = {"cudagraph_mode": self.cudagraph_mode}
         t0 = time.perf_counter()
@@ -98,6 +101,7 @@ class Suite:
                 gpu_memory_utilization=0.5,
                 extra=extra,
                 connector_extra={"gpu_bytes": gpu_bytes, "host_bytes": 16 << 30},
+                block_size=self.block_size,
             )
         )
         self.engine_start_s = time.perf_counter() - t0
@@ -397,6 +401,7 @@ def main(out: Path) -> None:
     suite = Suite(out)
     result.update(store_fill_s=suite.store_fill_s, engine_start_s=suite.engine_start_s)
     result["cudagraph_mode"] = suite.cudagraph_mode or "default (FULL_AND_PIECEWISE)"
+    result["block_size"] = suite.engine.block_size
     print(f"engine up in {suite.engine_start_s:.1f} s", flush=True)
     result["ttft"] = suite.ttft()
     (out / "gpu_suite.json").write_text(json.dumps(result, indent=1))

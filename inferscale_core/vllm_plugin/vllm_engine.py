@@ -33,6 +33,10 @@ class EngineOptions:
     enforce_eager: bool | None = None  # None: eager on CPU, compiled + CUDA graphs on GPU
     seed: int = 0
     kv_write: str = "auto"  # see worker_side: "fused" on a GPU where it applies, else "backend"
+    # Tokens per KV-cache block; None: vLLM's default. vLLM's scheduler does Python work per
+    # block (hashing, allocation, prefix-cache bookkeeping), so larger blocks cost less per
+    # long request.
+    block_size: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # more LLM(...) keyword arguments
     # more connector settings (kv_connector_extra_config), e.g. the store's gpu_bytes/host_bytes
     connector_extra: dict[str, Any] = field(default_factory=dict)
@@ -91,6 +95,8 @@ class VllmEngine:
         )
         if on_gpu:
             kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
+        if options.block_size is not None:
+            kwargs["block_size"] = options.block_size
         kwargs.update(options.extra)
         t0 = time.perf_counter()
         self.llm = LLM(**kwargs)
