@@ -86,7 +86,7 @@ class Suite:
         self.store_fill_s = time.perf_counter() - t0
         extra: dict[str, Any] = {"load_format": "dummy", "skip_tokenizer_init": True}
         self.cudagraph_mode = os.environ.get("SUITE_CUDAGRAPH_MODE", "")  # "" = vLLM's default
-        block_size = os.environ.get("SUITE_BLOCK_SIZE", "")  # "" = vLLM's default (16)
+        block_size = os.environ.get("SUITE_BLOCK_SIZE", "")  # "" = the product default (64)
         self.block_size = int(block_size) if block_size else None
         if self.cudagraph_mode:
             extra["compilation_config"] = {"cudagraph_mode": self.cudagraph_mode}
@@ -137,7 +137,7 @@ class Suite:
         self.engine.llm.generate([prompt], params, use_tqdm=False)
         return time.perf_counter() - t0
 
-    def ttft(self, runs: int = 15, warmup: int = 3) -> list[dict]:
+    def ttft(self, runs: int = 21, warmup: int = 3) -> list[dict]:
         from inferscale_core.vllm_plugin.connector import in_process_worker
 
         worker = in_process_worker()
@@ -146,32 +146,40 @@ class Suite:
                 composed = self.request(k)
                 self._ttft(composed)
                 self._ttft(composed.prompt_ids)
-        rows = []
+        # Every k in turn within each repetition: the host's speed drifts over minutes (the
+        # same code ran 1.9x slower in one run than in the next on one machine), and ratios
+        # between k, or against k=0, must not pick that up.
+        modes = ("inject", "prompt", "prompt_warm")
+        cells = {k: {m: [] for m in modes} for k in KS}
+        walls = {k: {"inject": [], "prompt": []} for k in KS}
+        loaded: dict[int, list[int]] = {k: [] for k in KS}
+        computed: dict[int, list[int]] = {k: [] for k in KS}
+        load_parts: dict[int, list[dict[str, float]]] = {k: [] for k in KS}  # no syncs: CPU
+        warm = {k: self.request(k).prompt_ids for k in KS}
         for k in KS:
-            cells: dict[str, list[float]] = {m: [] for m in ("inject", "prompt", "prompt_warm")}
-            walls: dict[str, list[float]] = {"inject": [], "prompt": []}
-            loaded, computed = [], []
-            load_parts: list[dict[str, float]] = []  # the worker's timing, no syncs: CPU time
-            warm = self.request(k).prompt_ids
-            self._ttft(warm)  # prime the prefix cache with the identical prompt
-            for _ in range(runs):
+            self._ttft(warm[k])  # prime the prefix cache with the identical prompt
+        for _ in range(runs):
+            for k in KS:
                 composed = self.request(k)
                 ttft, result = self._ttft(composed)
                 assert result.refused is None, result.refused
-                cells["inject"].append(ttft)
+                cells[k]["inject"].append(ttft)
                 if worker is not None and k:
-                    load_parts.append(dict(worker.last_load))
-                loaded.append(result.injected_tokens)
-                computed.append(result.computed_tokens)
-                cells["prompt"].append(self._ttft(self.request(k).prompt_ids)[0])
-                cells["prompt_warm"].append(self._ttft(warm)[0])
-                walls["inject"].append(
+                    load_parts[k].append(dict(worker.last_load))
+                loaded[k].append(result.injected_tokens)
+                computed[k].append(result.computed_tokens)
+                cells[k]["prompt"].append(self._ttft(self.request(k).prompt_ids)[0])
+                cells[k]["prompt_warm"].append(self._ttft(warm[k])[0])
+                walls[k]["inject"].append(
                     self._llm_generate_wall(
                         (c := self.request(k)).prompt_ids, c.kv_transfer_params(self.fingerprint)
                     )
                 )
-                walls["prompt"].append(self._llm_generate_wall(self.request(k).prompt_ids, None))
-            for mode, values in cells.items():
+                walls[k]["prompt"].append(self._llm_generate_wall(self.request(k).prompt_ids, None))
+        rows = []
+        for k in KS:
+            parts = load_parts[k]
+            for mode, values in cells[k].items():
                 rows.append(
                     {
                         "k": k,
@@ -182,20 +190,17 @@ class Suite:
                         "ttft_s_p90": percentile(values, 0.9),
                         "samples": values,
                         "generate_wall_s_median": (
-                            statistics.median(walls[mode]) if mode in walls else None
+                            statistics.median(walls[k][mode]) if mode in walls[k] else None
                         ),
-                        "injected_tokens_median": statistics.median(loaded)
+                        "injected_tokens_median": statistics.median(loaded[k])
                         if mode == "inject"
                         else 0,
                         "computed_tokens_median": (
-                            statistics.median(computed) if mode == "inject" else None
+                            statistics.median(computed[k]) if mode == "inject" else None
                         ),
                         "load_ms_medians": (
-                            {
-                                part: statistics.median(sample[part] for sample in load_parts)
-                                for part in load_parts[0]
-                            }
-                            if mode == "inject" and load_parts
+                            {part: statistics.median(x[part] for x in parts) for part in parts[0]}
+                            if mode == "inject" and parts
                             else None
                         ),
                     }
