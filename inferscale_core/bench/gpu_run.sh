@@ -25,7 +25,8 @@
 # TINY_BLOCK_SIZE=64);
 # SUITE=1 the 8B-shaped suite (gpu_suite.py; SUITE_CUDAGRAPH_MODE, SUITE_BLOCK_SIZE, SUITE_UNFUSED);
 # ENCODE=0 encoding throughput (gpu_encode.py); RETRIEVAL=0 exact vs CAGRA (retrieval.py);
-# LOCOMO=0 LoCoMo answered by SmolLM2 on the GPU (gpu_locomo.py; LOCOMO_ARGS e.g. --sample 1540).
+# LOCOMO=0 LoCoMo answered by SmolLM2 on the GPU (gpu_locomo.py; LOCOMO_ARGS e.g. --sample 1540);
+# PROBE=0 the load's parts and the host tier's copies, outside vLLM (load_probe.py).
 # Results: $OUT/*.json and the logs.
 set -u
 KIT=${KIT:-.gpu}
@@ -48,7 +49,7 @@ if [ "${GPU_TESTS:-1}" = 1 ]; then
     fi
     PYTHONPATH="$PYTHONPATH:/tmp/site-py:$(pwd)/$KIT/pydeps" timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q \
         -p no:cacheprovider ${GPU_TEST_FILES:-tests/test_fused_inject.py tests/test_kvstore.py \
-        tests/test_paged_layouts.py tests/test_rope.py} > "$OUT/pytest.log" 2>&1
+        tests/test_paged_layouts.py tests/test_rope.py tests/test_load_probe.py} > "$OUT/pytest.log" 2>&1
     echo "gpu tests rc=$?"; tail -3 "$OUT/pytest.log"
 fi
 if [ "${SKIP_EXACT:-0}" != 1 ]; then
@@ -88,6 +89,10 @@ if [ "${LOCOMO:-0}" = 1 ]; then
         ${LOCOMO_ARGS:-} > "$OUT/locomo.log" 2>&1
     echo "locomo rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/locomo.log" | tail -8
     xz -T0 "$OUT/locomo-gpu.json"  # ~20 MB for all questions: too big to come back as is
+fi
+if [ "${PROBE:-0}" = 1 ]; then
+    timeout 240 python3 -m inferscale_core.bench.load_probe "$OUT" > "$OUT/probe.log" 2>&1
+    echo "probe rc=$?"; tail -c 1500 "$OUT/probe.log"
 fi
 if [ "${SUITE:-1}" = 1 ]; then
     timeout "${SUITE_TIMEOUT:-420}" python3 -m inferscale_core.bench.gpu_suite "$OUT" \
