@@ -219,8 +219,11 @@ class KVStore:
         mtime younger than ``_RACY_NS`` is never trusted, since a change within the same
         clock tick would leave it as it was (git's "racily clean" rule).
         """
-        folder = os.stat(self._root_str).st_mtime_ns
-        stamp = folder if time.time_ns() - folder > _RACY_NS else None
+        try:
+            folder: int | None = os.stat(self._root_str).st_mtime_ns
+        except OSError:  # the folder is gone: nothing is trusted, every read says so
+            folder = None
+        stamp = folder if folder is not None and time.time_ns() - folder > _RACY_NS else None
 
         def read(key: str) -> EntryHeader:
             if stamp is not None:

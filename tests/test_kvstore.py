@@ -3,6 +3,7 @@
 import contextlib
 import os
 import random
+import shutil
 import threading
 import time
 import zlib
@@ -274,6 +275,15 @@ def test_header_reader_trusts_an_unchanged_folder_and_never_a_racy_one(tmp_path,
     os.utime(tmp_path)  # an mtime of now: a change in this tick could hide behind it
     read = store.header_reader()
     assert read("a").key == "a" and len(checked) == 1
+
+
+def test_header_reader_refuses_when_the_whole_folder_is_gone(tmp_path):
+    store = KVStore(tmp_path / "kv")
+    store.put(_entry("a"))
+    store.header("a")  # cached
+    shutil.rmtree(tmp_path / "kv")  # the user wiped the data folder under a running engine
+    with pytest.raises(EntryMissingError):
+        store.header_reader()("a")  # a refusal for the scheduler, not a crash
 
 
 def test_get_many_is_get_for_each_key_in_order(tmp_path):
