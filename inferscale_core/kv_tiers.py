@@ -144,7 +144,8 @@ class _Resident:
     entry: FactKV  # k, v are views into the pool
     offset: int  # byte offset of K in the pool
     size: int  # bytes reserved, aligned
-    span: tuple[int, int, int]  # (K byte offset, V byte offset, tokens)
+    v_offset: int  # byte offset of V in the pool
+    tokens: int  # kept as a number: spans() reads it for every entry of every request
     layout: EntryLayout | None  # None: K and V differ in shape or dtype
     ready: Any = None  # torch.cuda.Event while the copy into the pool may be in flight
 
@@ -189,13 +190,18 @@ class DeviceTier:
         res = self._entries.get(key)
         if res is None:
             return None
+        self._use(key, res)
+        return res.entry
+
+    def _use(self, key: str, res: _Resident) -> None:
+        """Mark ``key`` recently used, and order its copy in before the current stream's next
+        work."""
         self._entries.move_to_end(key)
         if res.ready is not None:
             if res.ready.query():
                 res.ready = None
             else:
                 torch.cuda.current_stream(self.device).wait_event(res.ready)
-        return res.entry
 
     def spans(
         self, keys: Sequence[str], fingerprint: str | None = None
@@ -215,17 +221,11 @@ class DeviceTier:
             if fingerprint is not None and res.entry.fingerprint != fingerprint:
                 return None
             layout = res.layout
-            rows.append(res.span)
+            rows.append((res.offset, res.v_offset, res.tokens))
         if self._pool is None or layout is None:
             return None
         for key in keys:
-            res = self._entries[key]
-            self._entries.move_to_end(key)
-            if res.ready is not None:
-                if res.ready.query():
-                    res.ready = None
-                else:
-                    torch.cuda.current_stream(self.device).wait_event(res.ready)
+            self._use(key, self._entries[key])
         return self._pool, np.array(rows, dtype=np.int64), layout
 
     def touch(self, key: str) -> None:
@@ -252,8 +252,9 @@ class DeviceTier:
             demote(victim, res.entry)
             self.remove(victim)
         pool = self._ensure_pool()
+        v_offset = offset + self.allocator.round(_nbytes(entry.k))
         k = _view(pool, offset, entry.k)
-        v = _view(pool, offset + self.allocator.round(_nbytes(entry.k)), entry.v)
+        v = _view(pool, v_offset, entry.v)
         ready = None
         if self._stream is not None:
             # the region's last readers ran on the current stream: copy in after them
@@ -271,8 +272,7 @@ class DeviceTier:
         layout: EntryLayout | None = (entry.k.dtype, layers, heads, dim)
         if entry.v.shape != entry.k.shape or entry.v.dtype != entry.k.dtype:
             layout = None  # not readable in place as one kind of entry; views still are
-        span = (offset, offset + self.allocator.round(_nbytes(entry.k)), tokens)
-        self._entries[entry.key] = _Resident(views, offset, size, span, layout, ready)
+        self._entries[entry.key] = _Resident(views, offset, size, v_offset, tokens, layout, ready)
         self.used += size
         return True
 

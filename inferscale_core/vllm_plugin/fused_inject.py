@@ -188,8 +188,8 @@ class FusedInjector:
             self._host_view = self._host_table.numpy()
             self._device_table = torch.empty(capacity, dtype=torch.int64, device=self.device)
             self._copied = None
-        if self._copied is not None and not self._copied.query():
-            self._copied.synchronize()  # the previous copy has not read the host buffer yet
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous copy has read the host buffer
         _request_table(
             info, start, tokens, block_ids, self.kv_heads * self.head_dim, self._host_view
         )

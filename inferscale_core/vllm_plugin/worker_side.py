@@ -297,6 +297,7 @@ class InjectionWorker:
         found = self.store.device_spans(keys)
         entries = None if found is not None else self.store.get_many(keys)
         t1 = time.perf_counter()
+        pieces = None
         if entries is not None:
             pieces = [
                 SourcePiece(
@@ -311,11 +312,11 @@ class InjectionWorker:
         if self.sync_timing:
             torch.cuda.synchronize(device)
         t2 = time.perf_counter()
-        if found is not None:
+        if pieces is not None:
+            injector.inject(pieces, op.start, tokens, op.block_ids)
+        else:
             pool, spans, layout = found
             injector.inject_in_place(pool, spans, layout, op.pieces, op.start, tokens, op.block_ids)
-        else:
-            injector.inject(pieces, op.start, tokens, op.block_ids)
         if self.sync_timing:
             torch.cuda.synchronize(device)
         t3 = time.perf_counter()
