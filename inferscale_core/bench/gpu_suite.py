@@ -12,6 +12,7 @@ meaning), and measures in that one engine and run:
   kernel and (``SUITE_UNFUSED=1``) with the unfused per-layer path;
 * throughput of 100 concurrent users, k=50 each (distinct sets), 32 output tokens.
 
+``SUITE_PARTS`` picks parts (see :func:`main`; ``anatomy`` is :mod:`.step_anatomy`).
 ``SUITE_CUDAGRAPH_MODE`` (e.g. ``FULL``) sets vLLM's ``compilation_config.cudagraph_mode``;
 ``SUITE_BLOCK_SIZE`` (e.g. ``64``) the KV-cache block size.
 
@@ -400,7 +401,20 @@ def _pinned_bandwidth(nbytes: int = 360 << 20, runs: int = 5) -> float:
     return nbytes * runs / (time.perf_counter() - t0) / 1e9
 
 
+PARTS = ("ttft", "load", "kernel", "unfused", "profile", "throughput", "anatomy")
+
+
 def main(out: Path) -> None:
+    """``SUITE_PARTS`` (comma-separated, default all but ``anatomy``) picks what runs;
+    ``SUITE_UNFUSED=0`` / ``SUITE_PROFILE=0`` drop ``unfused`` / ``profile`` as before."""
+    parts = set(os.environ.get("SUITE_PARTS", ",".join(PARTS[:-1])).split(","))
+    unknown = parts - set(PARTS)
+    if unknown:
+        raise SystemExit(f"SUITE_PARTS: unknown {sorted(unknown)}; known: {', '.join(PARTS)}")
+    if os.environ.get("SUITE_UNFUSED", "1") != "1":
+        parts.discard("unfused")
+    if os.environ.get("SUITE_PROFILE", "1") != "1":
+        parts.discard("profile")
     out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"bench": "gpu_suite", "device": torch.cuda.get_device_name()}
     suite = Suite(out)
@@ -408,27 +422,40 @@ def main(out: Path) -> None:
     result["cudagraph_mode"] = suite.cudagraph_mode or "default (FULL_AND_PIECEWISE)"
     result["block_size"] = suite.engine.block_size
     print(f"engine up in {suite.engine_start_s:.1f} s", flush=True)
-    result["ttft"] = suite.ttft()
-    (out / "gpu_suite.json").write_text(json.dumps(result, indent=1))
-    result["load_times"] = suite.load_times()
-    result["fused_kernel"] = suite.fused_kernel()
-    print("fused kernel:", result["fused_kernel"], flush=True)
+
+    def save() -> None:
+        (out / "gpu_suite.json").write_text(json.dumps(result, indent=1))
+
+    if "anatomy" in parts:
+        from inferscale_core.bench import step_anatomy
+
+        result["anatomy"] = step_anatomy.run(suite, out)
+        save()
+    if "ttft" in parts:
+        result["ttft"] = suite.ttft()
+        save()
+    if "load" in parts:
+        result["load_times"] = suite.load_times()
+    if "kernel" in parts:
+        result["fused_kernel"] = suite.fused_kernel()
+        print("fused kernel:", result["fused_kernel"], flush=True)
     from inferscale_core.vllm_plugin.connector import in_process_worker
 
     worker = in_process_worker()
-    if worker is not None and os.environ.get("SUITE_UNFUSED", "1") == "1":
+    if worker is not None and "unfused" in parts:
         # The same through the unfused path (gather, compiled rotation, per-layer writes).
         result["kv_write"] = worker.kv_write
         result["used_fused_kernel"] = worker.writes_with_fused_kernel
         worker.kv_write = "backend"
         result["load_times_unfused"] = suite.load_times(runs=5)
         worker.kv_write = result["kv_write"]
-    if os.environ.get("SUITE_PROFILE", "1") == "1":
+    if "profile" in parts:
         (out / "profile.txt").write_text(suite.profile())
-    (out / "gpu_suite.json").write_text(json.dumps(result, indent=1))
-    result["throughput"] = suite.throughput()
+    save()
+    if "throughput" in parts:
+        result["throughput"] = suite.throughput()
     result["store_stats"] = repr(suite.store.stats())
-    (out / "gpu_suite.json").write_text(json.dumps(result, indent=1))
+    save()
     print("wrote", out / "gpu_suite.json", flush=True)
 
 

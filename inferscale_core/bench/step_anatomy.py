@@ -1,0 +1,189 @@
+"""Where a k=50 injected request spends its time beyond the query alone (k=0), in one engine.
+
+``SUITE_PARTS=anatomy`` in ``gpu_run.sh`` runs it on the suite's 8B-shaped engine. For the
+modes k=0 (injection), k=5 and k=50 (injection), k=50 with the load issued in the forward's
+step instead of ahead from the scheduler's (``k50_in_step``, see
+:meth:`~inferscale_core.vllm_plugin.worker_side.InjectionWorker.load_ahead`), and the warm
+identical k=50 prompt (prefix caching's best case: nothing loaded), it measures:
+
+* ``ttft_ms``: TTFT without any profiler, every mode in turn within each repetition;
+* ``gpu_us``: GPU kernel time per request (``torch.profiler``, CUDA activity only), in total
+  and for the kernels that differ between modes (attention, the load kernel), so the GPU's part
+  of the gap to k=0 is known;
+* ``python_us``: per-request CPU time of each Python function (``cProfile``, one profiler per
+  mode, interleaved), and the functions whose own time grows most from k=0, so the CPU's part is
+  attributed to vLLM's request handling or to the connector.
+
+Results: ``OUT_DIR/anatomy.json`` and a readable ``OUT_DIR/anatomy.txt``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import cProfile
+import json
+import pstats
+import statistics
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from inferscale_core.bench.gpu_suite import Suite
+
+# The phases of one request, by the vLLM / connector function that does each (cumulative time).
+PHASES = {
+    "add_request": "llm_engine.py:add_request",
+    "schedule": "scheduler.py:schedule",
+    "connector_match": "scheduler_side.py:get_num_new_matched_tokens",
+    "connector_meta": "scheduler_side.py:build_connector_meta",
+    "execute_model": "gpu_worker.py:execute_model",
+    "connector_load": "worker_side.py:start_load_kv",
+    "sample_tokens": "gpu_worker.py:sample_tokens",
+    "update_from_output": "scheduler.py:update_from_output",
+    "process_outputs": "output_processor.py:process_outputs",
+}
+
+
+def _modes(suite: Suite) -> dict[str, Callable[[], Any]]:
+    warm = suite.request(50).prompt_ids
+    suite._ttft(warm)  # prime the prefix cache with the identical prompt
+    return {
+        "k0": lambda: suite.request(0),
+        "k5": lambda: suite.request(5),
+        "k50": lambda: suite.request(50),
+        "k50_in_step": lambda: suite.request(50),
+        "warm50": lambda: warm,
+    }
+
+
+@contextlib.contextmanager
+def _served_as(mode: str) -> Iterator[None]:
+    """Loads issued in the forward's step for ``k50_in_step``, ahead otherwise."""
+    from inferscale_core.vllm_plugin.connector import in_process_worker
+
+    worker = in_process_worker()
+    if worker is None or mode != "k50_in_step":
+        yield
+        return
+    worker.ahead_enabled = False
+    try:
+        yield
+    finally:
+        worker.ahead_enabled = True
+
+
+def _serve(suite: Suite, mode: str, prompt: Any) -> float:
+    with _served_as(mode):
+        return suite._ttft(prompt)[0]
+
+
+def _wall(suite: Suite, modes: dict[str, Callable[[], Any]], runs: int) -> dict[str, float]:
+    samples: dict[str, list[float]] = {mode: [] for mode in modes}
+    for _ in range(runs):
+        for mode, make in modes.items():
+            samples[mode].append(_serve(suite, mode, make()))
+    return {mode: statistics.median(values) * 1e3 for mode, values in samples.items()}
+
+
+def _gpu(suite: Suite, modes: dict[str, Callable[[], Any]], runs: int) -> dict[str, Any]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    out: dict[str, Any] = {}
+    if not torch.cuda.is_available():
+        return {"skipped": "no CUDA device: the GPU's part is measured on a GPU only"}
+    for mode, make in modes.items():
+        prompts = [make() for _ in range(runs)]
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for prompt in prompts:
+                _serve(suite, mode, prompt)
+        kernels = {
+            e.key: (e.device_time_total / runs, e.count / runs)
+            for e in prof.key_averages()
+            if e.device_time_total > 0
+        }
+        out[mode] = {
+            "total_us": sum(us for us, _ in kernels.values()),
+            "kernels": dict(sorted(kernels.items(), key=lambda kv: -kv[1][0])[:25]),
+        }
+    return out
+
+
+def _label(func: tuple[str, int, str]) -> str:
+    file, line, name = func
+    return f"{Path(file).name}:{name}" if file != "~" else name
+
+
+def _python(suite: Suite, modes: dict[str, Callable[[], Any]], runs: int) -> dict[str, Any]:
+    profilers = {mode: cProfile.Profile() for mode in modes}
+    for _ in range(runs):
+        for mode, make in modes.items():
+            prompt = make()
+            with _served_as(mode):
+                profilers[mode].enable()
+                suite._ttft(prompt)
+                profilers[mode].disable()
+    own: dict[str, dict[str, tuple[float, float]]] = {}  # mode -> label -> (own us, calls)
+    cumulative: dict[str, dict[str, float]] = {}
+    for mode, profiler in profilers.items():
+        stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+        own[mode], cumulative[mode] = {}, {}
+        for func, (_, calls, tottime, cumtime, _) in stats.items():
+            label = _label(func)
+            prev_own, prev_calls = own[mode].get(label, (0.0, 0.0))
+            own[mode][label] = (prev_own + tottime * 1e6 / runs, prev_calls + calls / runs)
+            cumulative[mode][label] = max(cumulative[mode].get(label, 0.0), cumtime * 1e6 / runs)
+    out: dict[str, Any] = {"total_us": {m: sum(us for us, _ in own[m].values()) for m in modes}}
+    out["phases_us"] = {
+        m: {phase: cumulative[m].get(label, 0.0) for phase, label in PHASES.items()} for m in modes
+    }
+    base = own["k0"]
+    out["growth_over_k0_us"] = {}
+    for mode in modes:
+        if mode == "k0":
+            continue
+        growth = {
+            label: (us - base.get(label, (0.0, 0.0))[0], calls)
+            for label, (us, calls) in own[mode].items()
+        }
+        top = sorted(growth.items(), key=lambda kv: -kv[1][0])[:30]
+        out["growth_over_k0_us"][mode] = {label: [round(d, 1), c] for label, (d, c) in top}
+    return out
+
+
+def _text(result: dict[str, Any]) -> str:
+    lines = ["TTFT without profiler, median (ms):"]
+    lines += [f"  {mode:7s} {ms:8.3f}" for mode, ms in result["ttft_ms"].items()]
+    lines.append("GPU kernel time per request (us), top kernels:")
+    for mode, gpu in result["gpu_us"].items():
+        if mode == "skipped":
+            lines.append(f"  skipped: {gpu}")
+            continue
+        lines.append(f"  {mode}: total {gpu['total_us']:.1f}")
+        for name, (us, count) in list(gpu["kernels"].items())[:8]:
+            lines.append(f"      {us:9.1f} us  x{count:6.1f}  {name[:90]}")
+    py = result["python_us"]
+    lines.append("Python (cProfile) per request (us): total and phases (cumulative)")
+    for mode, total in py["total_us"].items():
+        phases = ", ".join(f"{p} {us:.0f}" for p, us in py["phases_us"][mode].items())
+        lines.append(f"  {mode}: total {total:.0f}; {phases}")
+    for mode, growth in py["growth_over_k0_us"].items():
+        lines.append(f"Own-time growth over k0, {mode} (us per request, calls per request):")
+        lines += [f"  {d:9.1f}  x{c:7.1f}  {label}" for label, (d, c) in growth.items()]
+    return "\n".join(lines) + "\n"
+
+
+def run(suite: Suite, out: Path, runs: int = 20) -> dict[str, Any]:
+    modes = _modes(suite)
+    for _ in range(3):  # warm-up of every path
+        for mode, make in modes.items():
+            _serve(suite, mode, make())
+    result: dict[str, Any] = {"runs": runs, "ttft_ms": _wall(suite, modes, runs)}
+    result["gpu_us"] = _gpu(suite, modes, min(runs, 10))
+    result["python_us"] = _python(suite, modes, runs)
+    result["ttft_ms_after"] = _wall(suite, modes, runs)  # the host's drift during the probe
+    (out / "anatomy.json").write_text(json.dumps(result, indent=1))
+    (out / "anatomy.txt").write_text(_text(result))
+    print(_text(result), flush=True)
+    return result
