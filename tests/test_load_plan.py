@@ -74,6 +74,9 @@ def test_load_capped_at_num_tokens_minus_one():
     [
         (lambda p, s, kw: s.pop("a"), "unknown entry a"),
         (lambda p, s, kw: s.__setitem__("a", (10, 11, 13)), "do not match entry a"),
+        # the span's tokens all match, but a and b split them elsewhere than their places
+        (lambda p, s, kw: s.update(a=(10, 11), b=(12, 20, 21)), "do not match entry a"),
+        (lambda p, s, kw: s.__setitem__("b", (20, 22)), "do not match entry b"),
         (lambda p, s, kw: kw.__setitem__("fingerprint", "other"), "does not match the engine"),
         (lambda p, s, kw: kw.__setitem__("header_fp", "other"), "encoded by another model"),
         (lambda p, s, kw: kw.__setitem__("prompt_logprobs", True), "prompt logprobs"),

@@ -62,7 +62,7 @@ class InjectionScheduler:
             return 0, False
         state.plan = plan
         # Where each entry is now, as this process's store sees it (for the memory panel).
-        state.tiers = {key: self.store.fastest_tier(key) for key in plan.entry_keys}
+        state.tiers = self.store.fastest_tiers(plan.entry_keys)
         return plan.num_tokens, False
 
     def update_state_after_alloc(
