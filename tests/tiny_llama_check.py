@@ -130,8 +130,6 @@ def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
         "fused_kernel": bool(worker and worker.writes_with_fused_kernel),
         # the last load (k=5) read its entries where they sit in the GPU pool
         "in_place": bool(worker and worker.last_load.get("in_place")),
-        # ... issued from the scheduler's step, ahead of the forward's (worker.load_ahead)
-        "ahead": bool(worker and worker.last_load.get("ahead")),
         "rope_type": "llama3",
         "dtype": dtype,
         # Compared up to the first step where the greedy tokens differ (see max_logprob_delta).

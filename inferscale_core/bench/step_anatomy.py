@@ -1,10 +1,8 @@
 """Where a k=50 injected request spends its time beyond the query alone (k=0), in one engine.
 
 ``SUITE_PARTS=anatomy`` in ``gpu_run.sh`` runs it on the suite's 8B-shaped engine. For the
-modes k=0 (injection), k=5 and k=50 (injection), k=50 with the load issued in the forward's
-step instead of ahead from the scheduler's (``k50_in_step``, see
-:meth:`~inferscale_core.vllm_plugin.worker_side.InjectionWorker.load_ahead`), and the warm
-identical k=50 prompt (prefix caching's best case: nothing loaded), it measures:
+modes k=0 (injection), k=5 and k=50 (injection), and the warm identical k=50 prompt (prefix
+caching's best case: nothing loaded), it measures:
 
 * ``ttft_ms``: TTFT without any profiler, every mode in turn within each repetition;
 * ``gpu_us``: GPU kernel time per request (``torch.profiler``, CUDA activity only), in total
@@ -19,12 +17,11 @@ Results: ``OUT_DIR/anatomy.json`` and a readable ``OUT_DIR/anatomy.txt``.
 
 from __future__ import annotations
 
-import contextlib
 import cProfile
 import json
 import pstats
 import statistics
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,37 +49,15 @@ def _modes(suite: Suite) -> dict[str, Callable[[], Any]]:
         "k0": lambda: suite.request(0),
         "k5": lambda: suite.request(5),
         "k50": lambda: suite.request(50),
-        "k50_in_step": lambda: suite.request(50),
         "warm50": lambda: warm,
     }
-
-
-@contextlib.contextmanager
-def _served_as(mode: str) -> Iterator[None]:
-    """Loads issued in the forward's step for ``k50_in_step``, ahead otherwise."""
-    from inferscale_core.vllm_plugin.connector import in_process_worker
-
-    worker = in_process_worker()
-    if worker is None or mode != "k50_in_step":
-        yield
-        return
-    worker.ahead_enabled = False
-    try:
-        yield
-    finally:
-        worker.ahead_enabled = True
-
-
-def _serve(suite: Suite, mode: str, prompt: Any) -> float:
-    with _served_as(mode):
-        return suite._ttft(prompt)[0]
 
 
 def _wall(suite: Suite, modes: dict[str, Callable[[], Any]], runs: int) -> dict[str, float]:
     samples: dict[str, list[float]] = {mode: [] for mode in modes}
     for _ in range(runs):
         for mode, make in modes.items():
-            samples[mode].append(_serve(suite, mode, make()))
+            samples[mode].append(suite._ttft(make())[0])
     return {mode: statistics.median(values) * 1e3 for mode, values in samples.items()}
 
 
@@ -97,7 +72,7 @@ def _gpu(suite: Suite, modes: dict[str, Callable[[], Any]], runs: int) -> dict[s
         prompts = [make() for _ in range(runs)]
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for prompt in prompts:
-                _serve(suite, mode, prompt)
+                suite._ttft(prompt)
         kernels = {
             e.key: (e.device_time_total / runs, e.count / runs)
             for e in prof.key_averages()
@@ -120,10 +95,9 @@ def _python(suite: Suite, modes: dict[str, Callable[[], Any]], runs: int) -> dic
     for _ in range(runs):
         for mode, make in modes.items():
             prompt = make()
-            with _served_as(mode):
-                profilers[mode].enable()
-                suite._ttft(prompt)
-                profilers[mode].disable()
+            profilers[mode].enable()
+            suite._ttft(prompt)
+            profilers[mode].disable()
     own: dict[str, dict[str, tuple[float, float]]] = {}  # mode -> label -> (own us, calls)
     cumulative: dict[str, dict[str, float]] = {}
     for mode, profiler in profilers.items():
@@ -177,8 +151,8 @@ def _text(result: dict[str, Any]) -> str:
 def run(suite: Suite, out: Path, runs: int = 20) -> dict[str, Any]:
     modes = _modes(suite)
     for _ in range(3):  # warm-up of every path
-        for mode, make in modes.items():
-            _serve(suite, mode, make())
+        for make in modes.values():
+            suite._ttft(make())
     result: dict[str, Any] = {"runs": runs, "ttft_ms": _wall(suite, modes, runs)}
     result["gpu_us"] = _gpu(suite, modes, min(runs, 10))
     result["python_us"] = _python(suite, modes, runs)

@@ -60,7 +60,6 @@ class InferScaleConnector(KVConnectorBase_V1):
         )
         self._scheduler: InjectionScheduler | None = None
         self._worker: InjectionWorker | None = None
-        self._local_worker: InjectionWorker | None | bool = None  # False: in another process
         if role == KVConnectorRole.SCHEDULER:
             block_size = vllm_config.cache_config.block_size
             self._scheduler = InjectionScheduler(store, str(extra["fingerprint"]), block_size)
@@ -109,20 +108,7 @@ class InferScaleConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         assert self._scheduler is not None
-        meta = self._scheduler.build_connector_meta()
-        if meta.loads:
-            # The worker in this process (vLLM's one-GPU executor runs it in the scheduler's
-            # thread) issues the loads now, so they run while the step's inputs are prepared.
-            if self._local_worker is None:
-                worker = in_process_worker()
-                same_engine = worker is not None and (
-                    worker.vllm_config.instance_id == self._vllm_config.instance_id
-                )
-                self._local_worker = worker if same_engine else False
-            if self._local_worker:
-                for op in meta.loads:
-                    self._local_worker.load_ahead(op)
-        return meta
+        return self._scheduler.build_connector_meta()
 
     def request_finished(
         self, request: Request, block_ids: list[int]

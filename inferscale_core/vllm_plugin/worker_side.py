@@ -13,11 +13,6 @@ How the cache is written (``kv_write``):
 
 The load is synchronous, before the forward, and never touches
 ``forward_context.attn_metadata`` (None under full CUDA graphs).
-
-When the scheduler and this worker share a process (vLLM's one-GPU executor), the connector
-issues a request's load as soon as the scheduler has placed it (:meth:`InjectionWorker.
-load_ahead`), on the stream the forward runs on: the kernel then runs while the CPU prepares the
-step's inputs, instead of after. It is the same kernel, ordered before the same forward.
 """
 
 from __future__ import annotations
@@ -95,9 +90,6 @@ class InjectionWorker:
         self.last_load_ms: float = 0.0
         self.loads = 0  # loads done so far (a bench reads ``last_load`` when this moved on)
         self.last_load: dict[str, float] = {}  # timing of the last load, see ``_load``
-        self.ahead_enabled = True  # see load_ahead (benchmarks turn it off to compare)
-        self._ahead: dict[int, tuple[LoadOp, torch.cuda.Stream]] = {}  # id(op) -> op, stream
-        self._ahead_device: torch.device | None | bool = None  # False: loads cannot go ahead
 
     @property
     def layers(self) -> list[tuple[str, Any]]:
@@ -167,70 +159,12 @@ class InjectionWorker:
             self.kv_write = "backend"  # decided once; "auto" does not retry every step
         return self._injector
 
-    def load_ahead(self, op: LoadOp) -> bool:
-        """Issue ``op``'s load now, from the scheduler's step, when it can go the fastest way:
-        a CUDA cache the fused kernel writes and every entry in the GPU pool. The kernel goes
-        on the current stream, which the forward of this step runs on after it (and
-        :meth:`start_load_kv` makes the forward's stream wait on it if it is another one).
-        False leaves the op to :meth:`start_load_kv`, which raises any error it has."""
-        if not self.ahead_enabled or self.sync_timing:
-            return False
-        device = self._ahead_device
-        if device is None:
-            first_cache = _layer_cache(self.layers[0][1])
-            device = self._ahead_device = first_cache.device if first_cache.is_cuda else False
-        if device is False or len(op.block_ids) * self.block_size < op.end:
-            return False
-        injector = self.fused_injector()
-        if injector is None:
-            return False
-        t0 = time.perf_counter()
-        found = self.store.device_spans([piece.key for piece in op.pieces])
-        if found is None:
-            return False
-        t1 = time.perf_counter()
-        pool, spans, layout = found
-        tokens = op.end - op.start
-        try:
-            injector.inject_in_place(pool, spans, layout, op.pieces, op.start, tokens, op.block_ids)
-        except ValueError as exc:  # start_load_kv meets it again and raises it there
-            log.warning("request %s: not loaded ahead: %s", op.req_id, exc)
-            return False
-        self._ahead[id(op)] = (op, torch.cuda.current_stream(device))
-        t2 = time.perf_counter()
-        self.last_load_ms = (t2 - t0) * 1e3
-        self.last_load = {
-            "tokens": float(tokens),
-            "in_place": 1.0,
-            "ahead": 1.0,
-            "get_ms": (t1 - t0) * 1e3,
-            "rotate_ms": 0.0,
-            "write_ms": (t2 - t1) * 1e3,
-            "total_ms": self.last_load_ms,
-            "prefetch_ms": 0.0,
-        }
-        self.loads += 1
-        return True
-
     def start_load_kv(self, meta: InjectionMetadata) -> None:
-        ahead, self._ahead = self._ahead, {}  # what is left over belongs to no step any more
-        pending = []
-        for op in meta.loads:
-            issued = ahead.pop(id(op), None)
-            if issued is None or issued[0] is not op:
-                pending.append(op)
-                continue
-            stream = issued[1]
-            current = torch.cuda.current_stream(stream.device)
-            if current != stream:
-                current.wait_stream(stream)
-        if not pending:
-            return
         # Bring every entry of this step to the fastest tier first (async on a GPU).
         t0 = time.perf_counter()
-        self.store.prefetch([piece.key for op in pending for piece in op.pieces])
+        self.store.prefetch([piece.key for op in meta.loads for piece in op.pieces])
         prefetch_ms = (time.perf_counter() - t0) * 1e3
-        for op in pending:
+        for op in meta.loads:
             t0 = time.perf_counter()
             self.last_load = self._load(op)
             self.last_load_ms = (time.perf_counter() - t0) * 1e3
