@@ -219,14 +219,15 @@ class KVStore:
                 self._headers[key] = header
         return header
 
-    def header_reader(self) -> Callable[[str], EntryHeader]:
-        """:meth:`header` for the keys of one request, statting the folder once instead of
-        every cached entry's file.
+    def header_reader(self) -> Callable[[Sequence[str]], list[EntryHeader]]:
+        """:meth:`header` for the keys of one request, in order, statting the folder once
+        instead of every cached entry's file, under one lock for the cached ones.
 
         A cached header whose file was seen while the folder's mtime was M is trusted while the
         mtime still is M: deleting a file (another process forgetting a fact) changes it. An
         mtime younger than ``_RACY_NS`` is never trusted, since a change within the same
-        clock tick would leave it as it was (git's "racily clean" rule).
+        clock tick would leave it as it was (git's "racily clean" rule). Raises
+        :class:`EntryMissingError` for the first key that is gone.
         """
         try:
             folder: int | None = os.stat(self._root_str).st_mtime_ns
@@ -234,17 +235,24 @@ class KVStore:
             folder = None
         stamp = folder if folder is not None and time.time_ns() - folder > _RACY_NS else None
 
-        def read(key: str) -> EntryHeader:
+        def read(keys: Sequence[str]) -> list[EntryHeader]:
+            found: list[EntryHeader | None] = [None] * len(keys)
             if stamp is not None:
                 with self._lock:
-                    cached = self._headers.get(key)
-                    if cached is not None and self._seen_at.get(key) == stamp:
-                        return cached
-            header = self.header(key)  # the file existed after the folder was statted
-            if stamp is not None:
-                with self._lock:
-                    self._seen_at[key] = stamp
-            return header
+                    headers, seen_at = self._headers, self._seen_at
+                    for i, key in enumerate(keys):
+                        cached = headers.get(key)
+                        if cached is not None and seen_at.get(key) == stamp:
+                            found[i] = cached
+            out = []
+            for key, header in zip(keys, found, strict=True):
+                if header is None:
+                    header = self.header(key)  # the file existed after the folder was statted
+                    if stamp is not None:
+                        with self._lock:
+                            self._seen_at[key] = stamp
+                out.append(header)
+            return out
 
         return read
 
@@ -320,17 +328,17 @@ class KVStore:
         fit, the rest stay in (and are served from) a slower tier.
         """
         wanted = list(dict.fromkeys(keys))
-        for key in wanted:
-            self._file(key)  # validates the key
         device = self.device_tier
         report = PrefetchReport("device" if device is not None else "host")
         if device is not None:
             with self._lock:  # the common case, once per request: all already in the pool
-                if all(key in device for key in wanted):
+                if all(key in device for key in wanted):  # valid keys, then
                     for key in wanted:
                         device.touch(key)
                     report.already = len(wanted)
                     return report
+        for key in wanted:
+            self._file(key)  # validates the key
         with self._lock:
             versions = {key: self._versions.get(key, 0) for key in wanted}
             from_disk = [

@@ -79,7 +79,7 @@ def plan_load(
     prompt_ids: Sequence[int],
     num_tokens: int,
     num_computed: int,
-    header: Callable[[str], EntryHeader],
+    headers: Callable[[Sequence[str]], Sequence[EntryHeader]],
     fingerprint: str,
     prompt_logprobs: bool = False,
 ) -> LoadPlan | None:
@@ -87,6 +87,7 @@ def plan_load(
 
     The load covers ``[num_computed, min(span_end, num_tokens - 1))``: vLLM's prefix cache may
     already hold the leading blocks, and the scheduler needs at least one token to compute.
+    ``headers`` gives the entries' headers in order (:meth:`KVStore.header_reader`).
     """
     entries = request_entries(params)
     if entries is None:
@@ -111,11 +112,11 @@ def plan_load(
     first = max(num_computed, 0)
     expected_ids: list[int] = []
     pieces = []
-    for key, s, e in entries:  # one pass: ~50 entries for every request
-        try:
-            entry = header(key)
-        except EntryMissingError:
-            raise Refused(f"unknown entry {key}") from None
+    try:
+        found = headers([key for key, _, _ in entries])
+    except EntryMissingError as exc:
+        raise Refused(f"unknown entry {exc.args[0]}") from None
+    for (key, s, e), entry in zip(entries, found, strict=True):  # ~50 for every request
         if entry.fingerprint != fingerprint:
             raise Refused(f"entry {key} was encoded by another model ({entry.fingerprint})")
         if len(entry.token_ids) != e - s:

@@ -258,27 +258,28 @@ def test_header_reader_sees_a_forget_in_another_process(tmp_path):
     app_side.put(_entry("b"))
     _age_folder(tmp_path)
     read = engine_side.header_reader()
-    assert read("a").token_ids == read("b").token_ids == (100, 101, 102)
+    a, b = read(["a", "b"])
+    assert a.token_ids == b.token_ids == (100, 101, 102)
     app_side.delete("a")  # the folder's mtime moves on
     read = engine_side.header_reader()
-    with pytest.raises(EntryMissingError):
-        read("a")
-    assert read("b").fingerprint == "fp1"
+    with pytest.raises(EntryMissingError, match="'a'"):
+        read(["b", "a"])
+    assert read(["b"])[0].fingerprint == "fp1"
 
 
 def test_header_reader_trusts_an_unchanged_folder_and_never_a_racy_one(tmp_path, monkeypatch):
     store = KVStore(tmp_path)
     store.put(_entry("a"))
     _age_folder(tmp_path)
-    store.header_reader()("a")  # seen: the file existed after the folder was statted
+    store.header_reader()(["a"])  # seen: the file existed after the folder was statted
     checked = []
     real_exists = os.path.exists
     monkeypatch.setattr(os.path, "exists", lambda p: checked.append(p) or real_exists(p))
     read = store.header_reader()
-    assert read("a").key == "a" and checked == []  # one folder stat, no file check
+    assert read(["a"])[0].key == "a" and checked == []  # one folder stat, no file check
     os.utime(tmp_path)  # an mtime of now: a change in this tick could hide behind it
     read = store.header_reader()
-    assert read("a").key == "a" and len(checked) == 1
+    assert read(["a"])[0].key == "a" and len(checked) == 1
 
 
 def test_header_reader_refuses_when_the_whole_folder_is_gone(tmp_path):
@@ -287,7 +288,7 @@ def test_header_reader_refuses_when_the_whole_folder_is_gone(tmp_path):
     store.header("a")  # cached
     shutil.rmtree(tmp_path / "kv")  # the user wiped the data folder under a running engine
     with pytest.raises(EntryMissingError):
-        store.header_reader()("a")  # a refusal for the scheduler, not a crash
+        store.header_reader()(["a"])  # a refusal for the scheduler, not a crash
 
 
 def test_get_many_is_get_for_each_key_in_order(tmp_path):

@@ -10,13 +10,13 @@ FP = "fp-model"
 
 
 def _header_lookup(entries: dict[str, tuple[int, ...]], fingerprint: str = FP):
-    def header(key: str) -> EntryHeader:
-        if key not in entries:
-            raise EntryMissingError(key)
-        ids = entries[key]
-        return EntryHeader(key, ids, fingerprint, (2, len(ids), 1, 4))
+    def headers(keys: list[str]) -> list[EntryHeader]:
+        for key in keys:
+            if key not in entries:
+                raise EntryMissingError(key)
+        return [EntryHeader(k, entries[k], fingerprint, (2, len(entries[k]), 1, 4)) for k in keys]
 
-    return header
+    return headers
 
 
 def _composed():
