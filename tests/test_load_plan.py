@@ -67,6 +67,12 @@ def test_load_capped_at_num_tokens_minus_one():
     )
     assert (plan.start, plan.end) == (0, 3)
     assert plan.pieces == [Piece("p", 0, 3, 0)]
+    # one entry cut at both ends: the prefix cache holds position 0, the last is computed
+    headers = _header_lookup({"p": (1, 2, 3, 4)})
+    plan = plan_load(composed.kv_transfer_params(FP), prompt, 4, 1, headers, FP)
+    assert (plan.start, plan.end, plan.pieces) == (1, 3, [Piece("p", 1, 3, 1)])
+    plan = plan_load(composed.kv_transfer_params(FP), prompt, 4, 3, headers, FP)
+    assert (plan.start, plan.end, plan.pieces) == (3, 3, [])  # nothing left to load
 
 
 @pytest.mark.parametrize(
@@ -115,3 +121,21 @@ def test_truncated_plan_keeps_leading_positions():
 def test_slot_mapping_follows_block_table():
     # block size 4; the request's blocks are 7, 3, 9
     assert slot_mapping([7, 3, 9], 4, 2, 10).tolist() == [30, 31, 12, 13, 14, 15, 36, 37]
+
+
+def test_pieces_match_the_per_entry_rule_for_every_cut():
+    """Pieces come from column-wise bisects; they must equal the plain per-entry rule."""
+    composed, stored = _composed()
+    params, headers = composed.kv_transfer_params(FP), _header_lookup(stored)
+    spans = [(e.key, e.start, e.end) for e in composed.entries]
+    for num_tokens in range(2, 13):
+        for computed in range(0, 12):
+            plan = plan_load(params, composed.prompt_ids, num_tokens, computed, headers, FP)
+            end = min(9, num_tokens - 1)
+            expected = [
+                Piece(key, max(computed, s) - s, min(end, e) - s, max(computed, s))
+                for key, s, e in spans
+                if max(computed, s) < min(end, e)
+            ]
+            assert plan.pieces == expected, (num_tokens, computed)
+            assert (plan.start, plan.end) == (computed, max(computed, end))

@@ -21,6 +21,7 @@ vLLM import: the tests run it on CPU tensors under ``TRITON_INTERPRET=1``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -288,7 +289,7 @@ class FusedInjector:
         if (spans[:, :2] % size).any():
             raise ValueError("entry start not aligned to its element size")
         info = np.empty((len(pieces), 6), dtype=np.int64)  # see _request_table
-        info[:, :3] = [(p.dst_start, p.src_start, p.src_end) for p in pieces]
+        info[:, :3] = list(map(_DST_SRC_START_END, pieces))
         info[:, 3] = spans[:, 2]
         info[:, 4:] = spans[:, :2] // size
         self._launch(base, base, info, start, tokens, block_ids)
@@ -332,6 +333,9 @@ class FusedInjector:
             NEOX=self.rope.is_neox_style,
             num_warps=4,
         )
+
+
+_DST_SRC_START_END = itemgetter(3, 1, 2)  # of a Piece: (key, src_start, src_end, dst_start)
 
 
 def _element_offsets(base: torch.Tensor, tensors: Sequence[torch.Tensor]) -> list[int]:

@@ -160,22 +160,55 @@ class InjectionWorker:
         return self._injector
 
     def start_load_kv(self, meta: InjectionMetadata) -> None:
-        # Bring every entry of this step to the fastest tier first (async on a GPU).
-        t0 = time.perf_counter()
-        self.store.prefetch([piece.key for op in meta.loads for piece in op.pieces])
-        prefetch_ms = (time.perf_counter() - t0) * 1e3
+        # Loads whose entries all sit in the GPU pool go first, read where they sit (one pass
+        # over their keys). Only then are the others' entries brought to the fastest tier
+        # (async on a GPU): a copy in never overtakes a kernel already issued.
+        injector = self._cuda_injector()
+        rest = []
         for op in meta.loads:
             t0 = time.perf_counter()
+            found = None
+            if injector is not None:
+                found = self.store.device_spans([piece.key for piece in op.pieces])
+            if found is None:
+                rest.append(op)
+                continue
+            self._check_blocks(op)
+            self.last_load = self._load_fused(op, injector, found, t0)
+            self._finish_load(op, t0, prefetch_ms=0.0)
+        if not rest:
+            return
+        t0 = time.perf_counter()
+        self.store.prefetch([piece.key for op in rest for piece in op.pieces])
+        prefetch_ms = (time.perf_counter() - t0) * 1e3
+        for op in rest:
+            t0 = time.perf_counter()
             self.last_load = self._load(op)
-            self.last_load_ms = (time.perf_counter() - t0) * 1e3
-            self.last_load.update(total_ms=self.last_load_ms, prefetch_ms=prefetch_ms)
-            self.loads += 1
-            log.debug(
-                "request %s: injected %d tokens in %.2f ms",
-                op.req_id,
-                op.end - op.start,
-                self.last_load_ms,
+            self._finish_load(op, t0, prefetch_ms)
+
+    def _finish_load(self, op: LoadOp, t0: float, prefetch_ms: float) -> None:
+        self.last_load_ms = (time.perf_counter() - t0) * 1e3
+        self.last_load.update(total_ms=self.last_load_ms, prefetch_ms=prefetch_ms)
+        self.loads += 1
+        log.debug(
+            "request %s: injected %d tokens in %.2f ms",
+            op.req_id,
+            op.end - op.start,
+            self.last_load_ms,
+        )
+
+    def _check_blocks(self, op: LoadOp) -> None:
+        if len(op.block_ids) * self.block_size < op.end:
+            raise RuntimeError(
+                f"{len(op.block_ids)} blocks do not reach position {op.end}; the scheduler"
+                " should have refused this request"
             )
+
+    def _cuda_injector(self) -> FusedInjector | None:
+        """The fused writer when the cache is on a CUDA device and it applies."""
+        if not _layer_cache(self.layers[0][1]).is_cuda:
+            return None
+        return self.fused_injector()
 
     def _scratch(
         self, name: str, shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device
@@ -218,14 +251,10 @@ class InjectionWorker:
         layers = self.layers
         first_cache = _layer_cache(layers[0][1])
         device, dtype = first_cache.device, first_cache.dtype
-        if len(op.block_ids) * self.block_size < op.end:
-            raise RuntimeError(
-                f"{len(op.block_ids)} blocks do not reach position {op.end}; the scheduler"
-                " should have refused this request"
-            )
+        self._check_blocks(op)
         injector = self.fused_injector() if device.type == "cuda" else None
         if injector is not None:
-            return self._load_fused(op, injector, device)
+            return self._load_fused(op, injector, None, time.perf_counter())
         t0 = time.perf_counter()
         entries = self.store.get_many([piece.key for piece in op.pieces])
         t1 = time.perf_counter()
@@ -287,15 +316,23 @@ class InjectionWorker:
         }
 
     def _load_fused(
-        self, op: LoadOp, injector: FusedInjector, device: torch.device
+        self,
+        op: LoadOp,
+        injector: FusedInjector,
+        found: tuple[torch.Tensor, Any, Any] | None,
+        t0: float,
     ) -> dict[str, float]:
-        """The one-kernel load. Entries all in the GPU pool are read in place, described by
-        numbers (``in_place``: 1); otherwise each is staged on the device and read as a tensor."""
-        t0 = time.perf_counter()
+        """The one-kernel load. Entries all in the GPU pool (``found``: their
+        :meth:`~inferscale_core.kvstore.KVStore.device_spans`, looked up since ``t0``) are read
+        in place, described by numbers (``in_place``: 1); otherwise each is staged on the
+        device and read as a tensor."""
         tokens = op.end - op.start
-        keys = [piece.key for piece in op.pieces]
-        found = self.store.device_spans(keys)
-        entries = None if found is not None else self.store.get_many(keys)
+        entries = None
+        if found is None:
+            keys = [piece.key for piece in op.pieces]
+            found = self.store.device_spans(keys)
+            entries = None if found is not None else self.store.get_many(keys)
+        device = injector.device
         t1 = time.perf_counter()
         pieces = None
         if entries is not None:
