@@ -109,6 +109,9 @@ def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
     )
 
     composed5 = builder.build(facts, question)
+    # In the GPU pool before the request, as the session's prefetch leaves them: the worker
+    # reads them where they sit without a prefetch of its own (k=1 above took the other path).
+    runtime.store.prefetch([e.key for e in composed5.entries])
     inj5 = engine.generate(composed5, max_tokens=STEPS, logprobs=5)
     k_pre, v = stack_entries([runtime.store.get(e.key) for e in composed5.entries])
     rest = composed5.prompt_ids[composed5.span_end :] + inj5.token_ids[:-1]
@@ -130,6 +133,7 @@ def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
         "fused_kernel": bool(worker and worker.writes_with_fused_kernel),
         # the last load (k=5) read its entries where they sit in the GPU pool
         "in_place": bool(worker and worker.last_load.get("in_place")),
+        "k5_resident_first": bool(worker and worker.last_load.get("resident")),
         "rope_type": "llama3",
         "dtype": dtype,
         # Compared up to the first step where the greedy tokens differ (see max_logprob_delta).

@@ -175,6 +175,7 @@ class InjectionWorker:
                 continue
             self._check_blocks(op)
             self.last_load = self._load_fused(op, injector, found, t0)
+            self.last_load["resident"] = 1.0  # found in the GPU pool before any prefetch
             self._finish_load(op, t0, prefetch_ms=0.0)
         if not rest:
             return
