@@ -22,7 +22,7 @@
 #                                 bash inferscale_core/bench/gpu_run.sh
 # Steps (each can be turned off): GPU_TESTS=1 the CUDA tests (pytest); SKIP_EXACT=0 exactness on a
 # tiny random Llama in bf16 (CUDA graphs on; TINY_CUDAGRAPH_MODE=FULL, TINY_KV_WRITE=backend,
-# TINY_BLOCK_SIZE=256);
+# TINY_BLOCK_SIZE=64);
 # SUITE=1 the 8B-shaped suite (gpu_suite.py; SUITE_PARTS, SUITE_CUDAGRAPH_MODE, SUITE_BLOCK_SIZE,
 # SUITE_UNFUSED; SUITE_PARTS=anatomy: where k=50 spends its time beyond k=0, step_anatomy.py);
 # ENCODE=0 encoding throughput (gpu_encode.py); RETRIEVAL=0 exact vs CAGRA (retrieval.py);

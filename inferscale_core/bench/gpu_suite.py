@@ -87,7 +87,7 @@ class Suite:
         self.store_fill_s = time.perf_counter() - t0
         extra: dict[str, Any] = {"load_format": "dummy", "skip_tokenizer_init": True}
         self.cudagraph_mode = os.environ.get("SUITE_CUDAGRAPH_MODE", "")  # "" = vLLM's default
-        block_size = os.environ.get("SUITE_BLOCK_SIZE", "")  # "" = the product default (256)
+        block_size = os.environ.get("SUITE_BLOCK_SIZE", "")  # "" = the product default (64)
         self.block_size = int(block_size) if block_size else None
         if self.cudagraph_mode:
             extra["compilation_config"] = {"cudagraph_mode": self.cudagraph_mode}

@@ -16,7 +16,7 @@ from inferscale_core.types import GenerationResult
 
 CONNECTOR_MODULE = "inferscale_core.vllm_plugin.connector"
 CONNECTOR_CLASS = "InferScaleConnector"
-GPU_BLOCK_SIZE = 256  # tokens per KV-cache block on a GPU (see EngineOptions.block_size)
+GPU_BLOCK_SIZE = 64  # tokens per KV-cache block on a GPU (see EngineOptions.block_size)
 
 
 @dataclass(slots=True)
@@ -34,11 +34,11 @@ class EngineOptions:
     enforce_eager: bool | None = None  # None: eager on CPU, compiled + CUDA graphs on GPU
     seed: int = 0
     kv_write: str = "auto"  # see worker_side: "fused" on a GPU where it applies, else "backend"
-    # Tokens per KV-cache block; None: 256 on a GPU, vLLM's default on CPU. vLLM's scheduler
-    # does Python work per block (hashing, allocation, prefix-cache bookkeeping), and a
-    # one-request step is bound by the host's Python: with 64 instead of 16, injection at k=50
-    # on the H200 went from 3.8-4.3x to 6.1-6.3x prompt injection's speed (runs G-J); 256
-    # cut k=50's CPU time over k=0 by another ~20% (runs N, O). docs/BENCHMARKS.md.
+    # Tokens per KV-cache block; None: 64 on a GPU, vLLM's default on CPU. vLLM's scheduler
+    # does Python work per block (hashing, allocation, prefix-cache bookkeeping): with 64 instead
+    # of 16, injection at k=50 on the H200 went from 3.8-4.3x to 6.1-6.3x prompt injection's
+    # speed, on one machine (runs G-J). 256 measured the same as 64 on one machine (runs P, Q)
+    # and caches prompts more coarsely. docs/BENCHMARKS.md.
     block_size: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # more LLM(...) keyword arguments
     # more connector settings (kv_connector_extra_config), e.g. the store's gpu_bytes/host_bytes
