@@ -1,4 +1,5 @@
-"""Smoke runs of ``bench throughput / tiers / encode / locomo`` on the session engine, and of
+"""Smoke runs of ``bench throughput / tiers / encode / locomo`` and of the suite's step anatomy
+on the session engine, and of
 ``bench retrieval`` (no engine: MiniLM and the vector indexes, exact only on the CPU).
 
 Tiny sizes (k of 2, a run or two, a few questions), so the benches cannot rot; the figures
@@ -7,12 +8,13 @@ themselves come from the commands in docs/BENCHMARKS.md.
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
 import torch
 
-from inferscale_core.bench import encode, locomo, retrieval, throughput, tiers
+from inferscale_core.bench import encode, locomo, retrieval, step_anatomy, throughput, tiers
 from inferscale_core.bench.locomo_data import DEFAULT_PATH
 from inferscale_core.bench.prompts import FactPrompts
 from inferscale_core.bench.report import write_json
@@ -256,3 +258,36 @@ def test_minilm_forward_computes_what_the_embedder_does():
     ours = torch.cat([forward(text) for text in texts])  # [2, 384]
     theirs = SentenceTransformerEmbedder().embed(texts)  # [2, 384]
     assert torch.allclose(ours, theirs, atol=1e-5)
+
+
+class _EngineSource:
+    """The session engine as the step anatomy's suite: k facts of the pool, one-token TTFT."""
+
+    def __init__(self, engine, facts) -> None:
+        self.engine, self.facts, self.tags = engine, facts, itertools.count()
+
+    def request(self, k: int):
+        composed, _ = self.facts.pair(list(range(k)), f"anatomy {next(self.tags)}")
+        return composed
+
+    def _ttft(self, prompt):
+        result = self.engine.generate(prompt, max_tokens=1)
+        return result.ttft_s, result
+
+
+def test_step_anatomy_smoke(runtime, facts, tmp_path):
+    source = _EngineSource(runtime.engine, facts)
+    result = step_anatomy.run(source, tmp_path, runs=2, small=1, large=2)
+    modes = {"k0", "k1", "k2", "warm2"}
+    assert set(result["ttft_ms"]) == set(result["ttft_ms_after"]) == modes
+    assert all(ms > 0 for ms in result["ttft_ms"].values())
+    python = result["python_us"]
+    for mode in modes:  # the profiler saw vLLM's intake and our scheduler side in every mode
+        assert python["phases_us"][mode]["add_request"] > 0
+        assert python["phases_us"][mode]["connector_match"] > 0
+    assert set(python["growth_over_k0_us"]) == modes - {"k0"}
+    if not torch.cuda.is_available():
+        assert "skipped" in result["gpu_us"]
+    text = (tmp_path / "anatomy.txt").read_text()
+    assert text.startswith("TTFT without profiler") and "growth over k0, k2" in text
+    assert json.loads((tmp_path / "anatomy.json").read_text())["runs"] == 2

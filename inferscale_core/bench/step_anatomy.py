@@ -23,10 +23,7 @@ import pstats
 import statistics
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from inferscale_core.bench.gpu_suite import Suite
+from typing import Any, Protocol
 
 # The phases of one request, by the vLLM / connector function that does each (cumulative time).
 PHASES = {
@@ -42,18 +39,26 @@ PHASES = {
 }
 
 
-def _modes(suite: Suite) -> dict[str, Callable[[], Any]]:
-    warm = suite.request(50).prompt_ids
+class AnatomySource(Protocol):
+    """What the anatomy needs of a suite: fresh composed requests of k facts, and TTFT."""
+
+    def request(self, k: int) -> Any: ...
+
+    def _ttft(self, prompt: Any) -> tuple[float, Any]: ...
+
+
+def _modes(suite: AnatomySource, small: int, large: int) -> dict[str, Callable[[], Any]]:
+    warm = suite.request(large).prompt_ids
     suite._ttft(warm)  # prime the prefix cache with the identical prompt
     return {
         "k0": lambda: suite.request(0),
-        "k5": lambda: suite.request(5),
-        "k50": lambda: suite.request(50),
-        "warm50": lambda: warm,
+        f"k{small}": lambda: suite.request(small),
+        f"k{large}": lambda: suite.request(large),
+        f"warm{large}": lambda: warm,
     }
 
 
-def _wall(suite: Suite, modes: dict[str, Callable[[], Any]], runs: int) -> dict[str, float]:
+def _wall(suite: AnatomySource, modes: dict[str, Callable[[], Any]], runs: int) -> dict[str, float]:
     samples: dict[str, list[float]] = {mode: [] for mode in modes}
     for _ in range(runs):
         for mode, make in modes.items():
@@ -61,7 +66,7 @@ def _wall(suite: Suite, modes: dict[str, Callable[[], Any]], runs: int) -> dict[
     return {mode: statistics.median(values) * 1e3 for mode, values in samples.items()}
 
 
-def _gpu(suite: Suite, modes: dict[str, Callable[[], Any]], runs: int) -> dict[str, Any]:
+def _gpu(suite: AnatomySource, modes: dict[str, Callable[[], Any]], runs: int) -> dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -90,7 +95,7 @@ def _label(func: tuple[str, int, str]) -> str:
     return f"{Path(file).name}:{name}" if file != "~" else name
 
 
-def _python(suite: Suite, modes: dict[str, Callable[[], Any]], runs: int) -> dict[str, Any]:
+def _python(suite: AnatomySource, modes: dict[str, Callable[[], Any]], runs: int) -> dict[str, Any]:
     profilers = {mode: cProfile.Profile() for mode in modes}
     for _ in range(runs):
         for mode, make in modes.items():
@@ -148,8 +153,11 @@ def _text(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(suite: Suite, out: Path, runs: int = 20) -> dict[str, Any]:
-    modes = _modes(suite)
+def run(
+    suite: AnatomySource, out: Path, runs: int = 20, small: int = 5, large: int = 50
+) -> dict[str, Any]:
+    """Measure the modes k=0, k=``small``, k=``large`` and the warm k=``large`` prompt."""
+    modes = _modes(suite, small, large)
     for _ in range(3):  # warm-up of every path
         for make in modes.values():
             suite._ttft(make())
