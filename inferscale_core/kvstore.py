@@ -332,7 +332,7 @@ class KVStore:
         report = PrefetchReport("device" if device is not None else "host")
         if device is not None:
             with self._lock:  # the common case, once per request: all already in the pool
-                if all(key in device for key in wanted):  # valid keys, then
+                if all(key in device for key in wanted):  # keys checked when they were put
                     for key in wanted:
                         device.touch(key)
                     report.already = len(wanted)

@@ -91,7 +91,11 @@ def request_entries(params: Mapping[str, Any] | None) -> list[tuple[str, int, in
     return None if columns is None else list(zip(*columns, strict=True))
 
 
-_new_piece = partial(tuple.__new__, Piece)  # Piece from one (key, ...) tuple, without Python
+# Column helpers that run in C: a Piece from one (key, src_start, src_end, dst_start) tuple
+# without the named tuple's Python-level __new__, and two header fields.
+_new_piece = partial(tuple.__new__, Piece)
+_TOKEN_IDS = attrgetter("token_ids")
+_FINGERPRINT = attrgetter("fingerprint")
 
 
 def plan_load(
@@ -151,7 +155,7 @@ def plan_load(
         prompt_ids = list(prompt_ids)
     if prompt_ids[:span_end] != expected_ids:  # one comparison for the whole span
         for key, start, end in zip(keys, starts, ends, strict=True):
-            if list(prompt_ids[start:end]) != expected_ids[start:end]:
+            if prompt_ids[start:end] != expected_ids[start:end]:
                 raise Refused(f"prompt tokens [{start}, {end}) do not match entry {key}")
     end = min(span_end, num_tokens - 1)
     first = max(num_computed, 0)
@@ -168,10 +172,6 @@ def plan_load(
         key, src_start, _, dst_start = pieces[-1]
         pieces[-1] = Piece(key, src_start, end - starts[hi - 1], dst_start)
     return LoadPlan(num_computed, max(num_computed, end), pieces, keys)
-
-
-_TOKEN_IDS = attrgetter("token_ids")
-_FINGERPRINT = attrgetter("fingerprint")
 
 
 def slot_mapping(block_ids: Sequence[int], block_size: int, start: int, end: int) -> np.ndarray:
