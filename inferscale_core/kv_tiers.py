@@ -212,7 +212,7 @@ class DeviceTier:
         stream's next work. None unless every key is resident with one layout (and
         ``fingerprint``, if given): then read the views with :meth:`get`. A handful of ints per
         entry: this runs for every request."""
-        rows = []
+        rows, found = [], []
         layout = None
         for key in keys:
             res = self._entries.get(key)
@@ -222,10 +222,11 @@ class DeviceTier:
                 return None
             layout = res.layout
             rows.append((res.offset, res.v_offset, res.tokens))
+            found.append(res)
         if self._pool is None or layout is None:
             return None
-        for key in keys:
-            self._use(key, self._entries[key])
+        for key, res in zip(keys, found, strict=True):
+            self._use(key, res)
         return self._pool, np.array(rows, dtype=np.int64), layout
 
     def touch(self, key: str) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from inferscale_core.bench.arguments import parse_names
 from inferscale_core.bench.dummy import SHAPES
 from inferscale_core.bench.report import percentile
 from inferscale_core.composer import ComposedPrompt, PlacedEntry, entry_key
@@ -416,7 +417,7 @@ PARTS = ("ttft", "load", "kernel", "unfused", "profile", "throughput", "anatomy"
 def main(out: Path) -> None:
     """``SUITE_PARTS`` (comma-separated, default all but ``anatomy``) picks what runs;
     ``SUITE_UNFUSED=0`` / ``SUITE_PROFILE=0`` drop ``unfused`` / ``profile`` as before."""
-    parts = set(os.environ.get("SUITE_PARTS", ",".join(PARTS[:-1])).split(","))
+    parts = set(parse_names(os.environ.get("SUITE_PARTS", ",".join(PARTS[:-1]))))
     unknown = parts - set(PARTS)
     if unknown:
         raise SystemExit(f"SUITE_PARTS: unknown {sorted(unknown)}; known: {', '.join(PARTS)}")

@@ -33,7 +33,7 @@ from inferscale_core.kvstore import KVStore
 from inferscale_core.load_plan import Piece
 from inferscale_core.rope import RopeSpec
 from inferscale_core.types import FactKV
-from inferscale_core.vllm_plugin.fused_inject import FusedInjector, _request_table
+from inferscale_core.vllm_plugin.fused_inject import FusedInjector, _request_table, in_place_info
 from inferscale_core.vllm_plugin.paged_layouts import PagedLayout
 
 LAYERS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 64  # the 8B shape; the product's GPU block
@@ -91,14 +91,9 @@ def issue_parts(store: KVStore, pieces: list[Piece], runs: int = 300) -> dict[st
         injector.inject_in_place(pool, spans, layout, pieces, 0, tokens, block_ids)
 
     in_place()  # compiles
-    size = layout[0].itemsize
 
     def info() -> np.ndarray:  # what inject_in_place builds first
-        rows = np.empty((len(pieces), 6), dtype=np.int64)
-        rows[:, :3] = [(p.dst_start, p.src_start, p.src_end) for p in pieces]
-        rows[:, 3] = spans[:, 2]
-        rows[:, 4:] = spans[:, :2] // size
-        return rows
+        return in_place_info(pieces, spans, layout[0])
 
     rows = info()
     table = injector._stage(rows, 0, tokens, block_ids)

@@ -165,7 +165,8 @@ def run(
     result["gpu_us"] = _gpu(suite, modes, min(runs, 10))
     result["python_us"] = _python(suite, modes, runs)
     result["ttft_ms_after"] = _wall(suite, modes, runs)  # the host's drift during the probe
+    text = _text(result)
     (out / "anatomy.json").write_text(json.dumps(result, indent=1))
-    (out / "anatomy.txt").write_text(_text(result))
-    print(_text(result), flush=True)
+    (out / "anatomy.txt").write_text(text)
+    print(text, flush=True)
     return result

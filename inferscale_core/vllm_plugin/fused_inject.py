@@ -285,14 +285,7 @@ class FusedInjector:
             base = self._pool_views[dtype] = pool[
                 : pool.numel() // dtype.itemsize * dtype.itemsize
             ].view(dtype)
-        size = dtype.itemsize
-        if (spans[:, :2] % size).any():
-            raise ValueError("entry start not aligned to its element size")
-        info = np.empty((len(pieces), 6), dtype=np.int64)  # see _request_table
-        info[:, :3] = list(map(_DST_SRC_START_END, pieces))
-        info[:, 3] = spans[:, 2]
-        info[:, 4:] = spans[:, :2] // size
-        self._launch(base, base, info, start, tokens, block_ids)
+        self._launch(base, base, in_place_info(pieces, spans, dtype), start, tokens, block_ids)
 
     def _launch(
         self,
@@ -336,6 +329,20 @@ class FusedInjector:
 
 
 _DST_SRC_START_END = itemgetter(3, 1, 2)  # of a Piece: (key, src_start, src_end, dst_start)
+
+
+def in_place_info(pieces: Sequence[Piece], spans: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    """int64 [pieces, 6] of :func:`_request_table` for entries read in place: each piece's
+    dst_start, src_start, src_end (C-level ``itemgetter``), then its entry's tokens and K and V
+    element offsets from ``spans`` (rows of byte offsets, see ``DeviceTier.spans``)."""
+    size = dtype.itemsize
+    if (spans[:, :2] % size).any():
+        raise ValueError("entry start not aligned to its element size")
+    info = np.empty((len(pieces), 6), dtype=np.int64)
+    info[:, :3] = list(map(_DST_SRC_START_END, pieces))
+    info[:, 3] = spans[:, 2]
+    info[:, 4:] = spans[:, :2] // size
+    return info
 
 
 def _element_offsets(base: torch.Tensor, tensors: Sequence[torch.Tensor]) -> list[int]:

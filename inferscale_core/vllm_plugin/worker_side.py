@@ -253,7 +253,7 @@ class InjectionWorker:
         first_cache = _layer_cache(layers[0][1])
         device, dtype = first_cache.device, first_cache.dtype
         self._check_blocks(op)
-        injector = self.fused_injector() if device.type == "cuda" else None
+        injector = self._cuda_injector()
         if injector is not None:
             return self._load_fused(op, injector, None, time.perf_counter())
         t0 = time.perf_counter()
