@@ -18,6 +18,7 @@ from inferscale_core.bench import encode, locomo, retrieval, step_anatomy, throu
 from inferscale_core.bench.locomo_data import DEFAULT_PATH
 from inferscale_core.bench.prompts import FactPrompts
 from inferscale_core.bench.report import write_json
+from inferscale_core.bench.step_anatomy import summarize_trace
 
 pytestmark = [
     pytest.mark.engine,
@@ -287,7 +288,33 @@ def test_step_anatomy_smoke(runtime, facts, tmp_path):
         assert python["phases_us"][mode]["connector_match"] > 0
     assert set(python["growth_over_k0_us"]) == modes - {"k0"}
     if not torch.cuda.is_available():
-        assert "skipped" in result["gpu_us"]
+        assert "skipped" in result["gpu_us"] and "skipped" in result["timeline"]
     text = (tmp_path / "anatomy.txt").read_text()
     assert text.startswith("TTFT without profiler") and "growth over k0, k2" in text
     assert json.loads((tmp_path / "anatomy.json").read_text())["runs"] == 2
+
+
+def test_summarize_trace_places_the_load_kernel_and_the_host_waits():
+    """A hand-made chrome trace: one request span, a forward scope, the load kernel, two forward
+    kernels with an idle gap, a host wait, and a kernel outside the span that must not count."""
+
+    def x(name, cat, ts, dur):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+    events = [
+        x("request k50 0", "user_annotation", 1000.0, 500.0),
+        x("gpu_model_runner: forward", "user_annotation", 1100.0, 300.0),
+        x("cudaStreamSynchronize", "cuda_runtime", 1400.0, 40.0),
+        x("_inject_kernel", "kernel", 1050.0, 20.0),
+        x("gemm", "kernel", 1080.0, 30.0),  # 10 us after the load kernel ends
+        x("attention", "kernel", 1150.0, 50.0),  # 40 us idle before it
+        x("gemm", "kernel", 2000.0, 30.0),  # after the span
+    ]
+    (row,) = summarize_trace(events)
+    assert row["name"] == "request k50 0" and row["wall_us"] == 500.0
+    assert row["first_gpu_us"] == 50.0 and row["last_gpu_end_us"] == 200.0
+    assert row["gpu_busy_us"] == 100.0 and row["gpu_idle_between_us"] == 50.0
+    assert row["kernels"] == 3
+    assert row["load_kernel"] == {"start_us": 50.0, "us": 20.0, "next_kernel_gap_us": 10.0}
+    assert row["host_waits_us"] == {"cudaStreamSynchronize": 40.0}
+    assert row["scopes_us"] == {"gpu_model_runner: forward": 300.0}

@@ -10,7 +10,12 @@ caching's best case: nothing loaded), it measures:
   of the gap to k=0 is known;
 * ``python_us``: per-request CPU time of each Python function (``cProfile``, one profiler per
   mode, interleaved), and the functions whose own time grows most from k=0, so the CPU's part is
-  attributed to vLLM's request handling or to the connector.
+  attributed to vLLM's request handling or to the connector;
+* ``timeline``: on a GPU, one ``torch.profiler`` trace (CPU ops, vLLM's own scopes, CUDA) of a
+  few requests of k=0, k=``large`` and the warm prompt, summarized per request by
+  :func:`summarize_trace` (when the first kernel starts, how long the GPU is busy and idle, when
+  the load kernel runs against the forward, how long the host waits on the GPU), so it is known
+  which of the gap's parts sit on the critical path. Traces: ``OUT_DIR/trace-<mode>.json.gz``.
 
 Results: ``OUT_DIR/anatomy.json`` and a readable ``OUT_DIR/anatomy.txt``.
 """
@@ -18,6 +23,7 @@ Results: ``OUT_DIR/anatomy.json`` and a readable ``OUT_DIR/anatomy.txt``.
 from __future__ import annotations
 
 import cProfile
+import gzip
 import json
 import pstats
 import statistics
@@ -131,6 +137,125 @@ def _python(suite: AnatomySource, modes: dict[str, Callable[[], Any]], runs: int
     return out
 
 
+# CUDA runtime calls in which the host waits for the GPU.
+_HOST_WAITS = (
+    "cudaStreamSynchronize",
+    "cudaEventSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaMemcpy",
+)
+
+
+def _interval_union(spans: list[tuple[float, float]]) -> float:
+    busy, end = 0.0, float("-inf")
+    for start, stop in sorted(spans):
+        if stop > end:
+            busy += stop - max(start, end)
+            end = stop
+    return busy
+
+
+def summarize_trace(events: list[dict[str, Any]], label: str = "request ") -> list[dict[str, Any]]:
+    """Per request span (a CPU event named ``label...``) of a chrome trace: its wall time, when
+    its first and last GPU kernels start and end, the GPU's busy time (union of kernels and
+    copies) and idle time inside the span, the load kernel's start and length, the host's waits
+    on the GPU, and vLLM's scopes (``gpu_model_runner: ...``, ``schedule: ...``). Microseconds,
+    from the span's start."""
+    spans = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith(label)]
+    gpu = [
+        e
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    ]
+    cpu = [
+        e
+        for e in events
+        if e.get("ph") == "X"
+        and e.get("cat") in ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")
+    ]
+    out = []
+    for span in spans:
+        t0, t1 = span["ts"], span["ts"] + span["dur"]
+        inside = [e for e in gpu if t0 <= e["ts"] < t1]
+        kernels = sorted((e["ts"] - t0, e["ts"] + e["dur"] - t0, e["name"]) for e in inside)
+        load = [k for k in kernels if "inject" in k[2]]
+        waits: dict[str, float] = {}
+        scopes: dict[str, float] = {}
+        for e in cpu:
+            if not t0 <= e["ts"] < t1:
+                continue
+            name = str(e["name"])
+            if name.startswith(_HOST_WAITS):
+                waits[name] = waits.get(name, 0.0) + e["dur"]
+            elif ": " in name and not name.startswith(label):
+                scopes[name] = scopes.get(name, 0.0) + e["dur"]
+        row: dict[str, Any] = {"name": span["name"], "wall_us": span["dur"]}
+        if kernels:
+            busy = _interval_union([(a, b) for a, b, _ in kernels])
+            row |= {
+                "first_gpu_us": kernels[0][0],
+                "last_gpu_end_us": max(b for _, b, _ in kernels),
+                "gpu_busy_us": busy,
+                "gpu_idle_between_us": max(b for _, b, _ in kernels) - kernels[0][0] - busy,
+                "kernels": len(kernels),
+            }
+        if load:
+            after = [k for k in kernels if k[0] >= load[-1][1]]
+            row["load_kernel"] = {
+                "start_us": load[0][0],
+                "us": sum(b - a for a, b, _ in load),
+                "next_kernel_gap_us": after[0][0] - load[-1][1] if after else None,
+            }
+        row["host_waits_us"] = {
+            k: round(v, 1) for k, v in sorted(waits.items(), key=lambda kv: -kv[1])
+        }
+        row["scopes_us"] = {
+            k: round(v, 1) for k, v in sorted(scopes.items(), key=lambda kv: -kv[1])
+        }
+        out.append(row)
+    return out
+
+
+def _timeline(
+    suite: AnatomySource,
+    modes: dict[str, Callable[[], Any]],
+    out: Path,
+    traced: tuple[str, ...],
+    reps: int = 4,
+) -> dict[str, Any]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"skipped": "no CUDA device: the timeline is a GPU trace"}
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    try:  # vLLM's own scopes ("gpu_model_runner: forward", ...) into the trace, for this part only
+        from vllm.v1 import utils as vllm_v1_utils
+    except ImportError:  # pragma: no cover - the suite runs on vLLM
+        vllm_v1_utils = None
+    saved = getattr(vllm_v1_utils, "_PROFILER_FUNC", None)
+    if vllm_v1_utils is not None:
+        vllm_v1_utils._PROFILER_FUNC = record_function
+    result: dict[str, Any] = {}
+    try:
+        for mode in traced:
+            prompts = [modes[mode]() for _ in range(reps)]
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for i, prompt in enumerate(prompts):
+                    with record_function(f"request {mode} {i}"):
+                        suite._ttft(prompt)
+            path = out / f"trace-{mode}.json"
+            prof.export_chrome_trace(str(path))
+            data = path.read_bytes()
+            path.unlink()
+            (out / f"trace-{mode}.json.gz").write_bytes(gzip.compress(data))
+            result[mode] = summarize_trace(json.loads(data)["traceEvents"])
+    finally:
+        if vllm_v1_utils is not None:
+            vllm_v1_utils._PROFILER_FUNC = saved
+    return result
+
+
 def _text(result: dict[str, Any]) -> str:
     lines = ["TTFT without profiler, median (ms):"]
     lines += [f"  {mode:7s} {ms:8.3f}" for mode, ms in result["ttft_ms"].items()]
@@ -150,6 +275,21 @@ def _text(result: dict[str, Any]) -> str:
     for mode, growth in py["growth_over_k0_us"].items():
         lines.append(f"Own-time growth over k0, {mode} (us per request, calls per request):")
         lines += [f"  {d:9.1f}  x{c:7.1f}  {label}" for label, (d, c) in growth.items()]
+    timeline = result.get("timeline", {})
+    if "skipped" in timeline:
+        lines.append(f"Timeline skipped: {timeline['skipped']}")
+    for mode, rows in timeline.items():
+        if mode == "skipped" or not rows:
+            continue
+        row = rows[-1]  # the last of the traced requests, after the others warmed the path
+        lines.append(f"Timeline, {row['name']} (us from the request's start):")
+        lines.append(
+            "  " + ", ".join(f"{k} {v:.0f}" for k, v in row.items() if isinstance(v, float | int))
+        )
+        if "load_kernel" in row:
+            lines.append(f"  load kernel: {row['load_kernel']}")
+        lines.append(f"  host waits: {row['host_waits_us']}")
+        lines.append(f"  scopes: {dict(list(row['scopes_us'].items())[:12])}")
     return "\n".join(lines) + "\n"
 
 
@@ -164,6 +304,7 @@ def run(
     result: dict[str, Any] = {"runs": runs, "ttft_ms": _wall(suite, modes, runs)}
     result["gpu_us"] = _gpu(suite, modes, min(runs, 10))
     result["python_us"] = _python(suite, modes, runs)
+    result["timeline"] = _timeline(suite, modes, out, ("k0", f"k{large}", f"warm{large}"))
     result["ttft_ms_after"] = _wall(suite, modes, runs)  # the host's drift during the probe
     text = _text(result)
     (out / "anatomy.json").write_text(json.dumps(result, indent=1))
