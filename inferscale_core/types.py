@@ -133,6 +133,7 @@ class GenerationResult:
     injected_entries: list[str] = field(default_factory=list)  # entry keys of the request
     entry_tiers: dict[str, str] = field(default_factory=dict)  # entry key -> tier it came from
     refused: str | None = None  # why the connector did not inject, if it did not
+    scheduler_us: float | None = None  # the connector's scheduler-side CPU time on it
 
     @property
     def computed_tokens(self) -> int:

@@ -278,10 +278,16 @@ class _EngineSource:
 
 def test_step_anatomy_smoke(runtime, facts, tmp_path):
     source = _EngineSource(runtime.engine, facts)
-    result = step_anatomy.run(source, tmp_path, runs=2, small=1, large=2)
+    result = step_anatomy.run(source, tmp_path, runs=2, small=1, large=2, profiled_runs=2)
     modes = {"k0", "k1", "k2", "warm2"}
     assert set(result["ttft_ms"]) == set(result["ttft_ms_after"]) == modes
     assert all(ms > 0 for ms in result["ttft_ms"].values())
+    assert set(result["paired_ratios"]) == {"k1/k0", "k2/k0", "k2/k1"}
+    assert all(r > 0 for r in result["paired_ratios"].values())
+    connector = result["connector_us"]
+    for mode in ("k1", "k2"):  # both sides timed themselves on every injected request
+        assert connector[mode]["scheduler_us"] > 0 and connector[mode]["worker_us"] > 0
+    assert "worker_us" not in connector["warm2"]  # all in vLLM's prefix cache: nothing loaded
     python = result["python_us"]
     for mode in modes:  # the profiler saw vLLM's intake and our scheduler side in every mode
         assert python["phases_us"][mode]["add_request"] > 0

@@ -4,7 +4,10 @@
 modes k=0 (injection), k=5 and k=50 (injection), and the warm identical k=50 prompt (prefix
 caching's best case: nothing loaded), it measures:
 
-* ``ttft_ms``: TTFT without any profiler, every mode in turn within each repetition;
+* ``ttft_ms``: TTFT without any profiler, every mode in turn within each repetition, with
+  ``paired_ratios`` (k=50 / k=0 and the like, taken within each repetition, then the median)
+  and ``connector_us``, the connector's own CPU time (its scheduler side's plan, the worker's
+  load and its kernel call, timed inside them); both again after the profilers (``*_after``);
 * ``gpu_us``: GPU kernel time per request (``torch.profiler``, CUDA activity only), in total
   and for the kernels that differ between modes (attention, the load kernel), so the GPU's part
   of the gap to k=0 is known;
@@ -64,12 +67,51 @@ def _modes(suite: AnatomySource, small: int, large: int) -> dict[str, Callable[[
     }
 
 
-def _wall(suite: AnatomySource, modes: dict[str, Callable[[], Any]], runs: int) -> dict[str, float]:
+def _connector_worker() -> Any:
+    """The in-process connector's worker side, whose ``last_load`` times each load; None
+    where vLLM is not importable or runs no connector."""
+    try:
+        from inferscale_core.vllm_plugin.connector import in_process_worker
+    except ImportError:  # pragma: no cover - the suite runs on vLLM
+        return None
+    return in_process_worker()
+
+
+def _wall(
+    suite: AnatomySource, modes: dict[str, Callable[[], Any]], runs: int
+) -> tuple[dict[str, float], dict[str, dict[str, float]], dict[str, float]]:
+    """TTFT medians (ms) per mode; the connector's own CPU time per mode (median us, measured
+    inside it with ``perf_counter``: the scheduler side's plan, and the worker's load and its
+    kernel call); and ratios between modes taken within each repetition, then their median
+    (paired: the host's drift between repetitions cancels)."""
+    worker = _connector_worker()
     samples: dict[str, list[float]] = {mode: [] for mode in modes}
+    host: dict[str, dict[str, list[float]]] = {mode: {} for mode in modes}
     for _ in range(runs):
         for mode, make in modes.items():
-            samples[mode].append(suite._ttft(make())[0])
-    return {mode: statistics.median(values) * 1e3 for mode, values in samples.items()}
+            loads = worker.loads if worker is not None else 0
+            ttft, result = suite._ttft(make())
+            samples[mode].append(ttft)
+            parts = host[mode]
+            scheduler_us = getattr(result, "scheduler_us", None)
+            if scheduler_us is not None:
+                parts.setdefault("scheduler_us", []).append(float(scheduler_us))
+            if worker is not None and worker.loads != loads:
+                last = worker.last_load
+                parts.setdefault("worker_us", []).append(last.get("total_ms", 0.0) * 1e3)
+                parts.setdefault("kernel_call_us", []).append(last.get("write_ms", 0.0) * 1e3)
+    medians = {mode: statistics.median(values) * 1e3 for mode, values in samples.items()}
+    host_us = {
+        mode: {part: round(statistics.median(v), 1) for part, v in parts.items()}
+        for mode, parts in host.items()
+    }
+    cold = [mode for mode in modes if not mode.startswith("warm")]  # k0, k_small, k_large
+    paired = {}
+    for i, base in enumerate(cold):
+        for top in cold[i + 1 :]:
+            ratios = [a / b for a, b in zip(samples[top], samples[base], strict=True)]
+            paired[f"{top}/{base}"] = round(statistics.median(ratios), 4)
+    return medians, host_us, paired
 
 
 def _gpu(suite: AnatomySource, modes: dict[str, Callable[[], Any]], runs: int) -> dict[str, Any]:
@@ -257,8 +299,27 @@ def _timeline(
 
 
 def _text(result: dict[str, Any]) -> str:
-    lines = ["TTFT without profiler, median (ms):"]
-    lines += [f"  {mode:7s} {ms:8.3f}" for mode, ms in result["ttft_ms"].items()]
+    lines = ["TTFT without profiler, median (ms), before / after the profilers:"]
+    lines += [
+        f"  {mode:7s} {ms:8.3f} / {result['ttft_ms_after'][mode]:8.3f}"
+        for mode, ms in result["ttft_ms"].items()
+    ]
+    lines.append("Ratios within each repetition, median, before / after:")
+    lines += [
+        f"  {name:12s} {r:7.4f} / {result['paired_ratios_after'][name]:7.4f}"
+        for name, r in result["paired_ratios"].items()
+    ]
+    lines.append("The connector's own CPU time per request, median (us), before / after:")
+    for mode, parts in result["connector_us"].items():
+        if not parts:  # nothing was loaded (the warm prompt)
+            continue
+        after = result["connector_us_after"].get(mode, {})
+        lines.append(
+            f"  {mode:7s} "
+            + ", ".join(
+                f"{p} {us:.1f} / {after.get(p, float('nan')):.1f}" for p, us in parts.items()
+            )
+        )
     lines.append("GPU kernel time per request (us), top kernels:")
     for mode, gpu in result["gpu_us"].items():
         if mode == "skipped":
@@ -294,18 +355,28 @@ def _text(result: dict[str, Any]) -> str:
 
 
 def run(
-    suite: AnatomySource, out: Path, runs: int = 20, small: int = 5, large: int = 50
+    suite: AnatomySource,
+    out: Path,
+    runs: int = 100,
+    small: int = 5,
+    large: int = 50,
+    profiled_runs: int = 20,
 ) -> dict[str, Any]:
-    """Measure the modes k=0, k=``small``, k=``large`` and the warm k=``large`` prompt."""
+    """Measure the modes k=0, k=``small``, k=``large`` and the warm k=``large`` prompt:
+    ``runs`` repetitions without profiler (before and after the profilers), ``profiled_runs``
+    under each profiler."""
     modes = _modes(suite, small, large)
     for _ in range(3):  # warm-up of every path
         for make in modes.values():
             suite._ttft(make())
-    result: dict[str, Any] = {"runs": runs, "ttft_ms": _wall(suite, modes, runs)}
-    result["gpu_us"] = _gpu(suite, modes, min(runs, 10))
-    result["python_us"] = _python(suite, modes, runs)
+    result: dict[str, Any] = {"runs": runs, "profiled_runs": profiled_runs}
+    result["ttft_ms"], result["connector_us"], result["paired_ratios"] = _wall(suite, modes, runs)
+    result["gpu_us"] = _gpu(suite, modes, min(profiled_runs, 10))
+    result["python_us"] = _python(suite, modes, profiled_runs)
     result["timeline"] = _timeline(suite, modes, out, ("k0", f"k{large}", f"warm{large}"))
-    result["ttft_ms_after"] = _wall(suite, modes, runs)  # the host's drift during the probe
+    # The host's drift during the profilers: the same measurement again.
+    after = _wall(suite, modes, runs)
+    result["ttft_ms_after"], result["connector_us_after"], result["paired_ratios_after"] = after
     text = _text(result)
     (out / "anatomy.json").write_text(json.dumps(result, indent=1))
     (out / "anatomy.txt").write_text(text)

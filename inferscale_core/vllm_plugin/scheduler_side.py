@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ class _RequestState:
     loaded_tokens: int = 0
     computed_before: int = 0
     tiers: dict[str, str] = field(default_factory=dict)  # entry key -> fastest tier holding it
+    host_us: float = 0.0  # this side's CPU time on the request (plan, tiers, block ids)
 
 
 class InjectionScheduler:
@@ -39,6 +41,7 @@ class InjectionScheduler:
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int, bool]:
+        t0 = time.perf_counter()
         state = self._requests.setdefault(request.request_id, _RequestState())
         state.plan, state.refused = None, None
         state.computed_before = num_computed_tokens
@@ -56,6 +59,7 @@ class InjectionScheduler:
         except Refused as exc:
             state.refused = str(exc)
             log.warning("request %s: not injecting: %s", request.request_id, exc)
+            state.host_us += (time.perf_counter() - t0) * 1e6
             return 0, False
         if plan is None:
             self._requests.pop(request.request_id, None)
@@ -63,6 +67,7 @@ class InjectionScheduler:
         state.plan = plan
         # Where each entry is now, as this process's store sees it (for the memory panel).
         state.tiers = self.store.fastest_tiers(plan.entry_keys)
+        state.host_us += (time.perf_counter() - t0) * 1e6
         return plan.num_tokens, False
 
     def update_state_after_alloc(
@@ -71,6 +76,7 @@ class InjectionScheduler:
         state = self._requests.get(request.request_id)
         if state is None or state.plan is None or num_external_tokens == 0:
             return
+        t0 = time.perf_counter()
         plan = state.plan
         if num_external_tokens < plan.num_tokens:  # the scheduler took less than offered
             plan = state.plan = plan.truncated(num_external_tokens)
@@ -78,6 +84,7 @@ class InjectionScheduler:
         block_ids = blocks.get_block_ids()[0][:reach]
         self._ready.append(LoadOp(request.request_id, plan.start, plan.end, plan.pieces, block_ids))
         state.loaded_tokens = plan.num_tokens
+        state.host_us += (time.perf_counter() - t0) * 1e6
 
     def build_connector_meta(self) -> InjectionMetadata:
         meta = InjectionMetadata(loads=self._ready)
@@ -95,5 +102,6 @@ class InjectionScheduler:
             "entries": state.plan.entry_keys if state.plan else [],
             "refused": state.refused,
             "tiers": state.tiers,
+            "scheduler_us": round(state.host_us, 1),
         }
         return False, {"inferscale_report": report}
