@@ -286,7 +286,11 @@ def test_step_anatomy_smoke(runtime, facts, tmp_path):
     assert all(r > 0 for r in result["paired_ratios"].values())
     connector = result["connector_us"]
     for mode in ("k1", "k2"):  # both sides timed themselves on every injected request
-        assert connector[mode]["scheduler_us"] > 0 and connector[mode]["worker_us"] > 0
+        parts = connector[mode]
+        assert parts["scheduler_us"] > 0 and parts["worker_us"] > 0
+        assert parts["headers_us"] + parts["tokens_us"] <= parts["plan_us"]
+        timed = parts["stat_us"] + parts["plan_us"] + parts["tiers_us"] + parts["alloc_us"]
+        assert 0 < timed <= parts["scheduler_us"]
     assert "worker_us" not in connector["warm2"]  # all in vLLM's prefix cache: nothing loaded
     python = result["python_us"]
     for mode in modes:  # the profiler saw vLLM's intake and our scheduler side in every mode

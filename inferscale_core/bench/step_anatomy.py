@@ -6,8 +6,11 @@ caching's best case: nothing loaded), it measures:
 
 * ``ttft_ms``: TTFT without any profiler, every mode in turn within each repetition, with
   ``paired_ratios`` (k=50 / k=0 and the like, taken within each repetition, then the median)
-  and ``connector_us``, the connector's own CPU time (its scheduler side's plan, the worker's
-  load and its kernel call, timed inside them); both again after the profilers (``*_after``);
+  and ``connector_us``, the connector's own CPU time, timed inside it: the scheduler side
+  (``scheduler_us``: the store folder's stat, the plan - reading the headers, checking the
+  prompt's tokens - the tier report, the block ids after vLLM's allocation) and the worker
+  (``worker_us``: the pool lookup, and the kernel call: the table's rows, the table, its copy,
+  the launch); both again after the profilers (``*_after``);
 * ``gpu_us``: GPU kernel time per request (``torch.profiler``, CUDA activity only), in total
   and for the kernels that differ between modes (attention, the load kernel), so the GPU's part
   of the gap to k=0 is known;
@@ -93,13 +96,16 @@ def _wall(
             ttft, result = suite._ttft(make())
             samples[mode].append(ttft)
             parts = host[mode]
-            scheduler_us = getattr(result, "scheduler_us", None)
-            if scheduler_us is not None:
-                parts.setdefault("scheduler_us", []).append(float(scheduler_us))
+            for part, us in getattr(result, "scheduler_timing", {}).items():
+                parts.setdefault(part, []).append(float(us))
             if worker is not None and worker.loads != loads:
                 last = worker.last_load
                 parts.setdefault("worker_us", []).append(last.get("total_ms", 0.0) * 1e3)
+                parts.setdefault("lookup_us", []).append(last.get("get_ms", 0.0) * 1e3)
                 parts.setdefault("kernel_call_us", []).append(last.get("write_ms", 0.0) * 1e3)
+                for part in ("info_us", "table_us", "copy_us", "launch_us"):
+                    if part in last:
+                        parts.setdefault(part, []).append(last[part])
     medians = {mode: statistics.median(values) * 1e3 for mode, values in samples.items()}
     host_us = {
         mode: {part: round(statistics.median(v), 1) for part, v in parts.items()}

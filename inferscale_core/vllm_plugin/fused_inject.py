@@ -20,6 +20,7 @@ vLLM import: the tests run it on CPU tensors under ``TRITON_INTERPRET=1``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from operator import itemgetter
 from typing import NamedTuple
@@ -175,6 +176,10 @@ class FusedInjector:
         self._device_table = torch.empty(0, dtype=torch.int64, device=self.device)
         self._copied: torch.cuda.Event | None = None  # when the last table copy was done
         self._pool_views: dict[torch.dtype, torch.Tensor] = {}  # a GPU pool as entry dtype
+        # The last injection's CPU time by part (us): "info_us" (the pieces' table rows, for
+        # in-place reads), "table_us" (the kernel's table), "copy_us" (its copy to the device),
+        # "launch_us" (the kernel's launch).
+        self.timing: dict[str, float] = {}
 
     def _stage(
         self, info: np.ndarray, start: int, tokens: int, block_ids: Sequence[int]
@@ -191,15 +196,19 @@ class FusedInjector:
             self._copied = None
         if self._copied is not None:
             self._copied.synchronize()  # the previous copy has read the host buffer
+        t0 = time.perf_counter()
         _request_table(
             info, start, tokens, block_ids, self.kv_heads * self.head_dim, self._host_view
         )
+        t1 = time.perf_counter()
+        self.timing["table_us"] = (t1 - t0) * 1e6
         device = self._device_table[:size]
         device.copy_(self._host_table[:size], non_blocking=True)
         if self.device.type == "cuda":
             if self._copied is None:
                 self._copied = torch.cuda.Event()
             self._copied.record()
+        self.timing["copy_us"] = (time.perf_counter() - t1) * 1e6
         return device
 
     def _tables(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -285,7 +294,10 @@ class FusedInjector:
             base = self._pool_views[dtype] = pool[
                 : pool.numel() // dtype.itemsize * dtype.itemsize
             ].view(dtype)
-        self._launch(base, base, in_place_info(pieces, spans, dtype), start, tokens, block_ids)
+        t0 = time.perf_counter()
+        info = in_place_info(pieces, spans, dtype)
+        self.timing["info_us"] = (time.perf_counter() - t0) * 1e6
+        self._launch(base, base, info, start, tokens, block_ids)
 
     def _launch(
         self,
@@ -299,6 +311,7 @@ class FusedInjector:
         if (start + tokens - 1) // self.geometry.block_size >= len(block_ids):
             raise ValueError(f"{len(block_ids)} blocks do not reach position {start + tokens - 1}")
         table = self._stage(info, start, tokens, block_ids)
+        t0 = time.perf_counter()
         cos, sin = self._tables(start + tokens)
         g = self.geometry
         _inject_kernel[(tokens, len(self.caches))](
@@ -326,6 +339,7 @@ class FusedInjector:
             NEOX=self.rope.is_neox_style,
             num_warps=4,
         )
+        self.timing["launch_us"] = (time.perf_counter() - t0) * 1e6
 
 
 _DST_SRC_START_END = itemgetter(3, 1, 2)  # of a Piece: (key, src_start, src_end, dst_start)

@@ -25,7 +25,7 @@ class _RequestState:
     loaded_tokens: int = 0
     computed_before: int = 0
     tiers: dict[str, str] = field(default_factory=dict)  # entry key -> fastest tier holding it
-    host_us: float = 0.0  # this side's CPU time on the request (plan, tiers, block ids)
+    timing: dict[str, float] = field(default_factory=dict)  # this side's CPU time on it (us)
 
 
 class InjectionScheduler:
@@ -45,29 +45,38 @@ class InjectionScheduler:
         state = self._requests.setdefault(request.request_id, _RequestState())
         state.plan, state.refused = None, None
         state.computed_before = num_computed_tokens
+        timing = state.timing
         prompt_logprobs = getattr(request.sampling_params, "prompt_logprobs", None) is not None
         try:
+            t1 = time.perf_counter()
+            headers = self.store.header_reader()  # one folder stat for all entries
+            _add(timing, "stat_us", t1)
+            t1 = time.perf_counter()
             plan = plan_load(
                 request.kv_transfer_params,
                 request.prompt_token_ids or [],
                 request.num_tokens,
                 num_computed_tokens,
-                self.store.header_reader(),  # one folder stat for all entries
+                headers,
                 self.fingerprint,
                 prompt_logprobs=prompt_logprobs,
+                timing=timing,
             )
+            _add(timing, "plan_us", t1)
         except Refused as exc:
             state.refused = str(exc)
             log.warning("request %s: not injecting: %s", request.request_id, exc)
-            state.host_us += (time.perf_counter() - t0) * 1e6
+            _add(timing, "scheduler_us", t0)
             return 0, False
         if plan is None:
             self._requests.pop(request.request_id, None)
             return 0, False
         state.plan = plan
         # Where each entry is now, as this process's store sees it (for the memory panel).
+        t1 = time.perf_counter()
         state.tiers = self.store.fastest_tiers(plan.entry_keys)
-        state.host_us += (time.perf_counter() - t0) * 1e6
+        _add(timing, "tiers_us", t1)
+        _add(timing, "scheduler_us", t0)
         return plan.num_tokens, False
 
     def update_state_after_alloc(
@@ -84,7 +93,8 @@ class InjectionScheduler:
         block_ids = blocks.get_block_ids()[0][:reach]
         self._ready.append(LoadOp(request.request_id, plan.start, plan.end, plan.pieces, block_ids))
         state.loaded_tokens = plan.num_tokens
-        state.host_us += (time.perf_counter() - t0) * 1e6
+        _add(state.timing, "alloc_us", t0)
+        _add(state.timing, "scheduler_us", t0)
 
     def build_connector_meta(self) -> InjectionMetadata:
         meta = InjectionMetadata(loads=self._ready)
@@ -102,6 +112,11 @@ class InjectionScheduler:
             "entries": state.plan.entry_keys if state.plan else [],
             "refused": state.refused,
             "tiers": state.tiers,
-            "scheduler_us": round(state.host_us, 1),
+            "timing": {part: round(us, 1) for part, us in state.timing.items()},
         }
         return False, {"inferscale_report": report}
+
+
+def _add(timing: dict[str, float], part: str, since: float) -> None:
+    """Add the microseconds since ``since`` (a ``perf_counter``) to ``timing[part]``."""
+    timing[part] = timing.get(part, 0.0) + (time.perf_counter() - since) * 1e6

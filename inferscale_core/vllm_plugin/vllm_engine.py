@@ -312,5 +312,5 @@ def _absorb(result: GenerationResult, output: Any, t0: float) -> str:
             result.injected_entries = list(report.get("entries") or [])
             result.refused = report.get("refused")
             result.entry_tiers = dict(report.get("tiers") or {})
-            result.scheduler_us = report.get("scheduler_us")
+            result.scheduler_timing = dict(report.get("timing") or {})
     return completion.text

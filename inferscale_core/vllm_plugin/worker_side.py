@@ -359,6 +359,7 @@ class InjectionWorker:
             torch.cuda.synchronize(device)
         t3 = time.perf_counter()
         return {
+            **injector.timing,  # the kernel call's parts (us)
             "tokens": float(tokens),
             "in_place": float(found is not None),
             "get_ms": (t1 - t0) * 1e3,
