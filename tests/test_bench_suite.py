@@ -292,6 +292,8 @@ def test_step_anatomy_smoke(runtime, facts, tmp_path):
         timed = parts["stat_us"] + parts["plan_us"] + parts["tiers_us"] + parts["alloc_us"]
         assert 0 < timed <= parts["scheduler_us"]
     assert "worker_us" not in connector["warm2"]  # all in vLLM's prefix cache: nothing loaded
+    probe = result["host_probe"]
+    assert "MainThread" in probe["threads"] and probe["numpy_cumsum_50_us"] > 0
     python = result["python_us"]
     for mode in modes:  # the profiler saw vLLM's intake and our scheduler side in every mode
         assert python["phases_us"][mode]["add_request"] > 0

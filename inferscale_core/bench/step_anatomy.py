@@ -304,6 +304,42 @@ def _timeline(
     return result
 
 
+def _host_probe(repeats: int = 2000) -> dict[str, Any]:
+    """The same kinds of host calls the load makes, timed in a tight loop between requests
+    (median us): set beside ``connector_us``, they say whether those calls are slow on this
+    host in general or only inside a step. Also the process's threads (another runnable
+    Python thread would take the GIL at every torch call)."""
+    import threading
+    import time
+
+    import numpy as np
+    import torch
+
+    out: dict[str, Any] = {"threads": sorted(t.name for t in threading.enumerate())}
+
+    def median_us(fn: Callable[[], Any]) -> float:
+        samples = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
+        return round(statistics.median(samples) * 1e6, 2)
+
+    values = np.arange(50, dtype=np.int64)
+    out["numpy_cumsum_50_us"] = median_us(lambda: np.cumsum(values))
+    out["python_sum_1000_us"] = median_us(lambda: sum(range(1000)))
+    if not torch.cuda.is_available():
+        return out
+    host = torch.empty(4096, dtype=torch.int64, pin_memory=True)
+    device = torch.empty(4096, dtype=torch.int64, device="cuda")
+    event = torch.cuda.Event()
+    out["current_stream_us"] = median_us(torch.cuda.current_stream)
+    out["pinned_copy_4k_us"] = median_us(lambda: device[:512].copy_(host[:512], non_blocking=True))
+    out["event_record_us"] = median_us(event.record)
+    torch.cuda.synchronize()
+    return out
+
+
 def _text(result: dict[str, Any]) -> str:
     lines = ["TTFT without profiler, median (ms), before / after the profilers:"]
     lines += [
@@ -326,6 +362,7 @@ def _text(result: dict[str, Any]) -> str:
                 f"{p} {us:.1f} / {after.get(p, float('nan')):.1f}" for p, us in parts.items()
             )
         )
+    lines.append(f"Host calls in a tight loop, between requests (us): {result['host_probe']}")
     lines.append("GPU kernel time per request (us), top kernels:")
     for mode, gpu in result["gpu_us"].items():
         if mode == "skipped":
@@ -377,6 +414,7 @@ def run(
             suite._ttft(make())
     result: dict[str, Any] = {"runs": runs, "profiled_runs": profiled_runs}
     result["ttft_ms"], result["connector_us"], result["paired_ratios"] = _wall(suite, modes, runs)
+    result["host_probe"] = _host_probe()
     result["gpu_us"] = _gpu(suite, modes, min(profiled_runs, 10))
     result["python_us"] = _python(suite, modes, profiled_runs)
     result["timeline"] = _timeline(suite, modes, out, ("k0", f"k{large}", f"warm{large}"))
