@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CASES = ROOT / "tests" / "fused_inject_cases.py"
 
 
-def _check(results: dict) -> None:
+def _check(results: dict, direct_launch: bool) -> None:
     assert len(results) == 30  # 3 layouts x 5 RoPE variants x 2 dtypes
     for name, case in results.items():
         # One rounding from fp32 either way: at most one unit in the last place. (The
@@ -31,6 +31,7 @@ def _check(results: dict) -> None:
         assert case["v_equal"], name
         assert case["only_slots_written"], name
         assert case["in_place_equal"], name  # the pool's path writes the very same bytes
+        assert case["direct_launch"] is direct_launch, name  # compiled kernels only, on CUDA
 
 
 def test_kernel_matches_the_unfused_path_under_the_interpreter():
@@ -39,7 +40,7 @@ def test_kernel_matches_the_unfused_path_under_the_interpreter():
         [sys.executable, str(CASES), "cpu"], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
-    _check(json.loads(done.stdout.splitlines()[-1]))
+    _check(json.loads(done.stdout.splitlines()[-1]), direct_launch=False)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled kernel needs CUDA")
@@ -47,7 +48,7 @@ def test_compiled_kernel_matches_the_unfused_path_on_cuda():
     sys.path.insert(0, str(ROOT / "tests"))
     from fused_inject_cases import run_all
 
-    _check(run_all("cuda"))
+    _check(run_all("cuda"), direct_launch=True)
 
 
 def _injector() -> FusedInjector:

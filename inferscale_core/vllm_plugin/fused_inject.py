@@ -20,10 +20,11 @@ vLLM import: the tests run it on CPU tensors under ``TRITON_INTERPRET=1``.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from operator import itemgetter
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -36,8 +37,18 @@ from inferscale_core.vllm_plugin.paged_layouts import CacheGeometry, PagedLayout
 try:  # Triton ships with CUDA builds of torch; a CPU-only install may lack it
     import triton
     import triton.language as tl
+    from triton.compiler import CompiledKernel
 except ImportError:  # pragma: no cover - exercised only where Triton is missing
     triton = None
+    CompiledKernel = None
+
+
+log = logging.getLogger(__name__)
+
+
+def _current_raw_stream(device_index: int | None) -> int:
+    """The current CUDA stream's handle, as Triton's own launch path reads it."""
+    return torch._C._cuda_getCurrentRawStream(device_index)
 
 
 def available() -> bool:
@@ -64,8 +75,10 @@ _K_OFFSET, _V_OFFSET, _LAYER_STRIDE, _DST_AT, _PIECE_ROWS = range(5)
 
 
 if triton is not None:
-
-    @triton.jit
+    # The request's numbers are not specialized on (Triton would otherwise compile variants
+    # for values divisible by 16 or equal to 1): one compiled kernel serves every request, so
+    # FusedInjector can launch it directly (see ``_launch``).
+    @triton.jit(do_not_specialize=["pieces", "start", "tokens"])
     def _inject_kernel(
         src_k,  # K of the first piece: every piece is addressed by element offsets from it
         src_v,  # V of the first piece, the same way
@@ -176,6 +189,16 @@ class FusedInjector:
         self._device_table = torch.empty(0, dtype=torch.int64, device=self.device)
         self._copied: torch.cuda.Event | None = None  # when the last table copy was done
         self._pool_views: dict[torch.dtype, torch.Tensor] = {}  # a GPU pool as entry dtype
+        self._constexprs = {  # the kernel's compile-time parameters, in its signature's order
+            "HEADS": kv_heads,
+            "DIM": head_dim,
+            "HEADS_P2": triton.next_power_of_2(kv_heads),
+            "DIM_P2": triton.next_power_of_2(head_dim),
+            "ROTARY_DIM": rope.rotary_dim,
+            "NEOX": rope.is_neox_style,
+        }
+        self._compiled: dict[tuple, Any] = {}  # see _launch
+        self._direct = True  # whether _launch may launch compiled kernels itself
         # The last injection's CPU time by part (us): "info_us" (the pieces' table rows, for
         # in-place reads), "table_us" (the kernel's table), "copy_us" (its copy to the device),
         # "launch_us" (the kernel's launch).
@@ -314,7 +337,7 @@ class FusedInjector:
         t0 = time.perf_counter()
         cos, sin = self._tables(start + tokens)
         g = self.geometry
-        _inject_kernel[(tokens, len(self.caches))](
+        args = (
             src_k,
             src_v,
             table,
@@ -331,14 +354,28 @@ class FusedInjector:
             g.head_stride,
             g.dim_stride,
             g.v_offset,
-            HEADS=self.kv_heads,
-            DIM=self.head_dim,
-            HEADS_P2=triton.next_power_of_2(self.kv_heads),
-            DIM_P2=triton.next_power_of_2(self.head_dim),
-            ROTARY_DIM=self.rope.rotary_dim,
-            NEOX=self.rope.is_neox_style,
-            num_warps=4,
         )
+        grid = (tokens, len(self.caches))
+        # What a compiled kernel is specialized on and may differ between requests: the
+        # sources' dtypes and 16-byte alignment (every other tensor is this injector's own, and
+        # every other number is fixed for it or not specialized on).
+        key = (src_k.dtype, src_v.dtype, src_k.data_ptr() % 16 == 0, src_v.data_ptr() % 16 == 0)
+        compiled = self._compiled.get(key)
+        if compiled is not None:
+            # The compiled kernel's own launcher: Triton's per-call binding, specialization and
+            # cache lookup (~100 us of CPU per request inside vLLM's step) are skipped.
+            try:
+                stream = _current_raw_stream(self.device.index)
+                compiled[grid](*args, *self._constexprs.values(), stream=stream)
+            except Exception as exc:  # a Triton whose launcher differs: its own path from now
+                log.warning("launching the compiled injection kernel directly failed: %s", exc)
+                self._compiled.clear()
+                self._direct = False
+                compiled = None
+        if compiled is None:
+            compiled = _inject_kernel[grid](*args, **self._constexprs, num_warps=4)
+            if self._direct and self.device.type == "cuda" and isinstance(compiled, CompiledKernel):
+                self._compiled[key] = compiled
         self.timing["launch_us"] = (time.perf_counter() - t0) * 1e6
 
 
