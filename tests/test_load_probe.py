@@ -24,6 +24,8 @@ def test_probe_times_every_part_and_the_host_tier(tmp_path):
         "table",
         "pinned_copy_and_event",
         "launch",
+        "launch_direct",
+        "inject_in_place_triton_launch",
     }
     assert all(value > 0 for value in issue.values())
     assert issue["inject_in_place"] > issue["table"]  # the table is one of its parts

@@ -7,7 +7,9 @@ writes ``OUT_DIR/load_probe.json`` with:
 * ``issue_us``: the CPU time of each part of a k=50 load from the GPU pool, in a hot loop
   (median of 300): the pool lookup (``KVStore.device_spans``), the whole
   ``FusedInjector.inject_in_place``, and inside it the per-piece array, the table, the pinned
-  copy and its event, and the Triton launch;
+  copy and its event, and the launch through Triton's path and through the compiled kernel's
+  own launcher (what the injector does after its first load); and ``inject_in_place`` on an
+  injector kept on Triton's path, for the difference;
 * ``host_tier_ms``: the same entries from pinned host RAM into the pool: CPU time and time to
   done of ``KVStore.prefetch``, of the same bytes as bare per-tensor copies, and of one copy of
   all bytes (the floor), median of 7.
@@ -91,6 +93,11 @@ def issue_parts(store: KVStore, pieces: list[Piece], runs: int = 300) -> dict[st
         injector.inject_in_place(pool, spans, layout, pieces, 0, tokens, block_ids)
 
     in_place()  # compiles
+    (compiled,) = injector._compiled.values()  # armed by the first load
+    triton_path = FusedInjector(
+        caches, PagedLayout.FUSED_HEADS, BLOCK_SIZE, KV_HEADS, HEAD_DIM, rope
+    )
+    triton_path._direct = False
 
     def info() -> np.ndarray:  # what inject_in_place builds first
         return in_place_info(pieces, spans, layout[0])
@@ -101,13 +108,17 @@ def issue_parts(store: KVStore, pieces: list[Piece], runs: int = 300) -> dict[st
     g = injector.geometry
     base = injector._pool_views[layout[0]]
 
+    args = (
+        base, base, table, len(rows), caches[0], injector._layer_offsets, cos, sin, 0, tokens,
+        g.block_size, g.block_stride, g.offset_stride, g.head_stride, g.dim_stride, g.v_offset,
+    )  # fmt: skip
+
     def launch() -> None:
-        _inject_kernel[(tokens, LAYERS)](
-            base, base, table, len(rows), caches[0], injector._layer_offsets, cos, sin, 0,
-            tokens, g.block_size, g.block_stride, g.offset_stride, g.head_stride, g.dim_stride,
-            g.v_offset, HEADS=KV_HEADS, DIM=HEAD_DIM, HEADS_P2=KV_HEADS, DIM_P2=HEAD_DIM,
-            ROTARY_DIM=HEAD_DIM, NEOX=True, num_warps=4,
-        )  # fmt: skip
+        _inject_kernel[(tokens, LAYERS)](*args, **injector._constexprs, num_warps=4)
+
+    def launch_direct() -> None:
+        stream = torch.cuda.current_stream().cuda_stream
+        compiled[(tokens, LAYERS, 1)](*args, *injector._constexprs.values(), stream=stream)
 
     host = injector._host_table[: table.numel()]
     row_elements = KV_HEADS * HEAD_DIM
@@ -123,6 +134,10 @@ def issue_parts(store: KVStore, pieces: list[Piece], runs: int = 300) -> dict[st
         "table": lambda: _request_table(rows, 0, tokens, block_ids, row_elements, host.numpy()),
         "pinned_copy_and_event": copy_and_event,
         "launch": launch,
+        "launch_direct": launch_direct,
+        "inject_in_place_triton_launch": lambda: triton_path.inject_in_place(
+            pool, spans, layout, pieces, 0, tokens, block_ids
+        ),
     }
     return {name: _cuda_time(work, runs)[0] * 1e3 for name, work in parts.items()}
 

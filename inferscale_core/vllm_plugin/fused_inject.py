@@ -355,7 +355,7 @@ class FusedInjector:
             g.dim_stride,
             g.v_offset,
         )
-        grid = (tokens, len(self.caches))
+        grid = (tokens, len(self.caches), 1)  # a compiled kernel's launcher takes all three
         # What a compiled kernel is specialized on and may differ between requests: the
         # sources' dtypes and 16-byte alignment (every other tensor is this injector's own, and
         # every other number is fixed for it or not specialized on).
