@@ -102,6 +102,11 @@ class MemoryWorker:
         self._pauses = 0
         self._pause_lock = threading.Lock()
         self._idle = threading.Event()
+        # wake() counts up; the worker declares itself idle only if no wake came during the
+        # batch that found nothing (else that batch may have looked before the new work was
+        # logged, and wait_idle would return with it pending).
+        self._wakes = 0
+        self._idle_lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     # ---- control (any thread) ----
@@ -121,7 +126,9 @@ class MemoryWorker:
 
     def wake(self) -> None:
         """New turns were logged: look for work now instead of at the next poll."""
-        self._idle.clear()
+        with self._idle_lock:
+            self._wakes += 1
+            self._idle.clear()
         self._wake.set()
 
     def pause(self) -> None:
@@ -154,6 +161,7 @@ class MemoryWorker:
                 self._resume.wait()
                 if self._stop.is_set():
                     break
+                wakes = self._wakes  # before the batch looks at the log
                 try:
                     did = self._extract_batch(factlog) + self._encode_batch(factlog)
                     self._refresh_counts(factlog)
@@ -164,7 +172,9 @@ class MemoryWorker:
                     did = 0
                     self._stop.wait(self.poll_seconds)
                 if did == 0:
-                    self._idle.set()
+                    with self._idle_lock:
+                        if self._wakes == wakes:  # nothing was logged since the batch looked
+                            self._idle.set()
                     self._wake.wait(self.poll_seconds)
                     self._wake.clear()
         finally:

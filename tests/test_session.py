@@ -144,3 +144,63 @@ def test_changed_encoding_is_never_injected_until_reencoded(session):
     reply = session.ask_all(conversation, question)
     assert reply.facts and all(f.how == "injected" for f in reply.facts)
     assert reply.result.injected_tokens > 0
+
+
+def test_wait_idle_never_returns_while_a_logged_turn_is_pending(session):
+    """A batch that found nothing must not declare the worker idle if new work was logged (and
+    the worker woken) while it looked. Here the worker is held right after such a batch looked
+    at the log; a turn is logged and ``wait_idle`` starts; the worker is let go, and its next
+    batch is held at the door: ``wait_idle`` must still be waiting then."""
+    import threading
+    from datetime import UTC, datetime
+
+    from inferscale_core.types import Conversation, Turn
+
+    worker = session.worker
+    assert worker.wait_idle(timeout=300), worker.stats
+    extract, wake = worker._extract_batch, worker.wake
+    held, release, door, woken = (threading.Event() for _ in range(4))
+    calls = []
+
+    def held_extract(factlog):
+        calls.append(1)
+        if len(calls) == 1:  # the batch that looks before the turn is logged
+            found = extract(factlog)
+            held.set()
+            assert release.wait(60)
+            return found
+        if len(calls) == 2:  # the next one waits until the test has looked
+            assert door.wait(60)
+        return extract(factlog)
+
+    def telling_wake():
+        wake()
+        woken.set()
+
+    worker._extract_batch = held_extract
+    try:
+        wake()
+        assert held.wait(60)
+        text = "I keep a sourdough starter called Bubbles in the fridge."
+        turn = Turn("user", text, datetime.now(UTC))
+        session.factlog.add_conversation(session.profile_id, Conversation("late", [turn]))
+        worker.wake = telling_wake
+        result: list[bool] = []
+        waiting = threading.Thread(target=lambda: result.append(worker.wait_idle(timeout=300)))
+        waiting.start()
+        assert woken.wait(60)
+        release.set()
+        waiting.join(2.0)  # the turn cannot have been extracted yet: the next batch is held
+        returned_early = not waiting.is_alive()
+        door.set()
+        waiting.join(310)
+    finally:
+        worker._extract_batch, worker.wake = extract, wake
+        release.set()
+        door.set()
+    assert not returned_early, "wait_idle returned before the worker had looked at the new turn"
+    assert result == [True]
+    pending = session.factlog.turns(
+        session.profile_id, after_id=session.factlog.extraction_cursor(session.profile_id)
+    )
+    assert pending == []
