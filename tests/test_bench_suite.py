@@ -279,10 +279,12 @@ class _EngineSource:
 def test_step_anatomy_smoke(runtime, facts, tmp_path):
     source = _EngineSource(runtime.engine, facts)
     result = step_anatomy.run(source, tmp_path, runs=2, small=1, large=2, profiled_runs=2)
-    modes = {"k0", "k1", "k2", "warm2"}
+    modes = {"k0", "query0", "k1", "k2", "warm2"}
     assert set(result["ttft_ms"]) == set(result["ttft_ms_after"]) == modes
     assert all(ms > 0 for ms in result["ttft_ms"].values())
-    assert set(result["paired_ratios"]) == {"k1/k0", "k2/k0", "k2/k1"}
+    assert set(result["paired_ratios"]) == {
+        "query0/k0", "k1/k0", "k2/k0", "k1/query0", "k2/query0", "k2/k1"
+    }  # fmt: skip
     assert all(r > 0 for r in result["paired_ratios"].values())
     connector = result["connector_us"]
     for mode in ("k1", "k2"):  # both sides timed themselves on every injected request
@@ -292,6 +294,7 @@ def test_step_anatomy_smoke(runtime, facts, tmp_path):
         timed = parts["stat_us"] + parts["plan_us"] + parts["tiers_us"] + parts["alloc_us"]
         assert 0 < timed <= parts["scheduler_us"]
     assert "worker_us" not in connector["warm2"]  # all in vLLM's prefix cache: nothing loaded
+    assert connector["query0"] == {}  # no kv params: the connector does nothing
     probe = result["host_probe"]
     assert "MainThread" in probe["threads"] and probe["numpy_cumsum_50_us"] > 0
     python = result["python_us"]

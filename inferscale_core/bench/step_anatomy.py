@@ -1,8 +1,9 @@
 """Where a k=50 injected request spends its time beyond the query alone (k=0), in one engine.
 
 ``SUITE_PARTS=anatomy`` in ``gpu_run.sh`` runs it on the suite's 8B-shaped engine. For the
-modes k=0 (injection), k=5 and k=50 (injection), and the warm identical k=50 prompt (prefix
-caching's best case: nothing loaded), it measures:
+modes k=0 (injection: the system prefix is loaded), query0 (the same prompt all prefilled: no
+connector work, the query-only baseline), k=5 and k=50 (injection), and the warm identical k=50
+prompt (prefix caching's best case: nothing loaded), it measures:
 
 * ``ttft_ms``: TTFT without any profiler, every mode in turn within each repetition, with
   ``paired_ratios`` (k=50 / k=0 and the like, taken within each repetition, then the median)
@@ -64,6 +65,9 @@ def _modes(suite: AnatomySource, small: int, large: int) -> dict[str, Callable[[
     suite._ttft(warm)  # prime the prefix cache with the identical prompt
     return {
         "k0": lambda: suite.request(0),
+        # The same prompt as k=0 (system prefix and question), all prefilled: no connector work
+        # at all, the query-only baseline.
+        "query0": lambda: suite.request(0).prompt_ids,
         f"k{small}": lambda: suite.request(small),
         f"k{large}": lambda: suite.request(large),
         f"warm{large}": lambda: warm,
@@ -111,7 +115,7 @@ def _wall(
         mode: {part: round(statistics.median(v), 1) for part, v in parts.items()}
         for mode, parts in host.items()
     }
-    cold = [mode for mode in modes if not mode.startswith("warm")]  # k0, k_small, k_large
+    cold = [mode for mode in modes if not mode.startswith("warm")]  # k0, query0, k_small, k_large
     paired = {}
     for i, base in enumerate(cold):
         for top in cold[i + 1 :]:
