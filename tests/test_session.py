@@ -3,11 +3,15 @@ question retrieves and injects them; forgetting removes a fact everywhere for go
 
 from __future__ import annotations
 
+import threading
+from datetime import UTC, datetime
+
 import pytest
 
 from inferscale_core.embedder import SentenceTransformerEmbedder
 from inferscale_core.extractor import DeterministicExtractor
 from inferscale_core.session import Session, SessionConfig
+from inferscale_core.types import Conversation, Turn
 
 pytestmark = pytest.mark.engine
 
@@ -151,11 +155,6 @@ def test_wait_idle_never_returns_while_a_logged_turn_is_pending(session):
     the worker woken) while it looked. Here the worker is held right after such a batch looked
     at the log; a turn is logged and ``wait_idle`` starts; the worker is let go, and its next
     batch is held at the door: ``wait_idle`` must still be waiting then."""
-    import threading
-    from datetime import UTC, datetime
-
-    from inferscale_core.types import Conversation, Turn
-
     worker = session.worker
     assert worker.wait_idle(timeout=300), worker.stats
     extract, wake = worker._extract_batch, worker.wake

@@ -244,11 +244,12 @@ def summarize_trace(events: list[dict[str, Any]], label: str = "request ") -> li
         row: dict[str, Any] = {"name": span["name"], "wall_us": span["dur"]}
         if kernels:
             busy = _interval_union([(a, b) for a, b, _ in kernels])
+            first, last_end = kernels[0][0], max(b for _, b, _ in kernels)
             row |= {
-                "first_gpu_us": kernels[0][0],
-                "last_gpu_end_us": max(b for _, b, _ in kernels),
+                "first_gpu_us": first,
+                "last_gpu_end_us": last_end,
                 "gpu_busy_us": busy,
-                "gpu_idle_between_us": max(b for _, b, _ in kernels) - kernels[0][0] - busy,
+                "gpu_idle_between_us": last_end - first - busy,
                 "kernels": len(kernels),
             }
         if load:
@@ -281,13 +282,11 @@ def _timeline(
         return {"skipped": "no CUDA device: the timeline is a GPU trace"}
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    try:  # vLLM's own scopes ("gpu_model_runner: forward", ...) into the trace, for this part only
-        from vllm.v1 import utils as vllm_v1_utils
-    except ImportError:  # pragma: no cover - the suite runs on vLLM
-        vllm_v1_utils = None
-    saved = getattr(vllm_v1_utils, "_PROFILER_FUNC", None)
-    if vllm_v1_utils is not None:
-        vllm_v1_utils._PROFILER_FUNC = record_function
+    # vLLM's own scopes ("gpu_model_runner: forward", ...) into the trace, for this part only.
+    from vllm.v1 import utils as vllm_v1_utils  # the suite runs on vLLM
+
+    saved = vllm_v1_utils._PROFILER_FUNC
+    vllm_v1_utils._PROFILER_FUNC = record_function
     result: dict[str, Any] = {}
     try:
         for mode in traced:
@@ -303,8 +302,7 @@ def _timeline(
             (out / f"trace-{mode}.json.gz").write_bytes(gzip.compress(data))
             result[mode] = summarize_trace(json.loads(data)["traceEvents"])
     finally:
-        if vllm_v1_utils is not None:
-            vllm_v1_utils._PROFILER_FUNC = saved
+        vllm_v1_utils._PROFILER_FUNC = saved
     return result
 
 
@@ -409,7 +407,7 @@ def run(
     large: int = 50,
     profiled_runs: int = 20,
 ) -> dict[str, Any]:
-    """Measure the modes k=0, k=``small``, k=``large`` and the warm k=``large`` prompt:
+    """Measure the modes k=0, query0, k=``small``, k=``large`` and the warm k=``large`` prompt:
     ``runs`` repetitions without profiler (before and after the profilers), ``profiled_runs``
     under each profiler."""
     modes = _modes(suite, small, large)

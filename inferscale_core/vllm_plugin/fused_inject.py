@@ -199,9 +199,9 @@ class FusedInjector:
         }
         self._compiled: dict[tuple, Any] = {}  # see _launch
         self._direct = True  # whether _launch may launch compiled kernels itself
-        # The last injection's CPU time by part (us): "info_us" (the pieces' table rows, for
-        # in-place reads), "table_us" (the kernel's table), "copy_us" (its copy to the device),
-        # "launch_us" (the kernel's launch).
+        # The last injection's CPU time by part (us), reset by each: "info_us" (the pieces'
+        # table rows, for in-place reads), "table_us" (the kernel's table), "copy_us" (its
+        # copy to the device), "launch_us" (the kernel's launch).
         self.timing: dict[str, float] = {}
 
     def _stage(
@@ -252,6 +252,7 @@ class FusedInjector:
         """Write positions ``[start, start + tokens)``, which ``pieces`` must tile exactly, to
         the slots the block table gives them: block ``block_ids[p // block_size]``, offset
         ``p % block_size``. The pieces may live anywhere on the cache's device."""
+        self.timing = {}  # this injection's parts only
         if tokens == 0:
             return
         layers = len(self.caches)
@@ -302,6 +303,7 @@ class FusedInjector:
         """:meth:`inject` for entries that sit in one pool, described by numbers instead of
         tensors (what :meth:`~inferscale_core.kv_tiers.DeviceTier.spans` gives): no tensor is
         touched per fact, so the CPU's share stays small at large k."""
+        self.timing = {}  # this injection's parts only
         if tokens == 0:
             return
         dtype, layers, heads, dim = layout
