@@ -283,7 +283,8 @@ def test_step_anatomy_smoke(runtime, facts, tmp_path):
     assert set(result["ttft_ms"]) == set(result["ttft_ms_after"]) == modes
     assert all(ms > 0 for ms in result["ttft_ms"].values())
     assert set(result["paired_ratios"]) == {
-        "query0/k0", "k1/k0", "k2/k0", "k1/query0", "k2/query0", "k2/k1"
+        "query0/k0", "k1/k0", "k2/k0", "warm2/k0", "k1/query0", "k2/query0", "warm2/query0",
+        "k2/k1", "warm2/k1", "warm2/k2",
     }  # fmt: skip
     assert all(r > 0 for r in result["paired_ratios"].values())
     connector = result["connector_us"]
@@ -295,6 +296,16 @@ def test_step_anatomy_smoke(runtime, facts, tmp_path):
         assert 0 < timed <= parts["scheduler_us"]
     assert "worker_us" not in connector["warm2"]  # all in vLLM's prefix cache: nothing loaded
     assert connector["query0"] == {}  # no kv params: the connector does nothing
+    phases = result["vllm_us"]
+    assert phases["missing"] == []  # every phase of VLLM_PHASES is found on this vLLM
+    for mode in modes:  # inclusive times: each phase holds the ones it calls
+        p = phases[mode]
+        intake_parts = ("inputs", "output_processor", "request_and_block_hashes", "scheduler_queue")
+        assert 0 < sum(p[f"intake.{part}"] for part in intake_parts) <= p["intake"]
+        runner = p["runner.update_states"] + p["runner.prepare_inputs"]
+        assert 0 < runner <= p["runner.execute_model"]
+        assert 0 < p["schedule"] + p["runner.execute_model"] <= p["step"]
+        assert p["schedule.allocate_blocks"] <= p["schedule"]
     probe = result["host_probe"]
     assert "MainThread" in probe["threads"] and probe["numpy_cumsum_50_us"] > 0
     python = result["python_us"]

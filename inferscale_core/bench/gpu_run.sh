@@ -24,7 +24,7 @@
 # tiny random Llama in bf16 (CUDA graphs on; TINY_CUDAGRAPH_MODE=FULL, TINY_KV_WRITE=backend,
 # TINY_BLOCK_SIZE=64);
 # SUITE=1 the 8B-shaped suite (gpu_suite.py; SUITE_PARTS, SUITE_CUDAGRAPH_MODE, SUITE_BLOCK_SIZE,
-# SUITE_UNFUSED; SUITE_PARTS=anatomy: where k=50 spends its time beyond k=0, step_anatomy.py);
+# SUITE_UNFUSED, SUITE_HASH_ALGO; SUITE_PARTS=anatomy: where k=50 spends its time beyond k=0, step_anatomy.py);
 # ENCODE=0 encoding throughput (gpu_encode.py); RETRIEVAL=0 exact vs CAGRA (retrieval.py);
 # LOCOMO=0 LoCoMo answered by SmolLM2 on the GPU (gpu_locomo.py; LOCOMO_ARGS e.g. --sample 1540);
 # PROBE=0 the load's parts and the host tier's copies, outside vLLM (load_probe.py).

@@ -92,6 +92,11 @@ class Suite:
         self.block_size = int(block_size) if block_size else None
         if self.cudagraph_mode:
             extra["compilation_config"] = {"cudagraph_mode": self.cudagraph_mode}
+        # vLLM hashes every full block of a prompt at intake: "sha256" (vLLM's default, pickle
+        # + SHA-256) or e.g. "xxhash" (pickle + xxHash-128), to measure what that costs.
+        self.hash_algo = os.environ.get("SUITE_HASH_ALGO", "")  # "" = vLLM's default
+        if self.hash_algo:
+            extra["prefix_caching_hash_algo"] = self.hash_algo
         t0 = time.perf_counter()
         self.engine = VllmEngine(
             EngineOptions(
@@ -431,6 +436,7 @@ def main(out: Path) -> None:
     result.update(store_fill_s=suite.store_fill_s, engine_start_s=suite.engine_start_s)
     result["cudagraph_mode"] = suite.cudagraph_mode or "default (FULL_AND_PIECEWISE)"
     result["block_size"] = suite.engine.block_size
+    result["prefix_caching_hash_algo"] = suite.hash_algo or "default (sha256)"
     print(f"engine up in {suite.engine_start_s:.1f} s", flush=True)
 
     def save() -> None:

@@ -12,6 +12,12 @@ prompt (prefix caching's best case: nothing loaded), it measures:
   prompt's tokens - the tier report, the block ids after vLLM's allocation) and the worker
   (``worker_us``: the pool lookup, and the kernel call: the table's rows, the table, its copy,
   the launch); both again after the profilers (``*_after``);
+* ``vllm_us``: vLLM's own CPU time per request by phase (intake: the inputs, the output
+  processor, the ``Request`` with its block hashes, the scheduler's queue; scheduling: the
+  prefix-cache lookup, the block allocation; the model runner's state update, input
+  preparation, forward, sampling; the output processing), timed with ``perf_counter`` by
+  wrapping those methods of this engine's objects for one pass (``phase_runs``), so the part of
+  the gap that is vLLM's is attributed without a profiler's inflation;
 * ``gpu_us``: GPU kernel time per request (``torch.profiler``, CUDA activity only), in total
   and for the kernels that differ between modes (attention, the load kernel), so the GPU's part
   of the gap to k=0 is known;
@@ -34,6 +40,7 @@ import gzip
 import json
 import pstats
 import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -50,6 +57,103 @@ PHASES = {
     "update_from_output": "scheduler.py:update_from_output",
     "process_outputs": "output_processor.py:process_outputs",
 }
+
+
+# vLLM's request path, timed by wrapping these methods of one engine's objects: (phase, the
+# object's path from the LLMEngine, the method). Inclusive times; a phase whose object or
+# method this vLLM lacks is reported as missing.
+_RUNNER = "engine_core.engine_core.model_executor.driver_worker.worker.model_runner"
+_SCHEDULER = "engine_core.engine_core.scheduler"
+VLLM_PHASES = (
+    ("intake", "", "add_request"),
+    ("intake.inputs", "input_processor", "process_inputs"),
+    ("intake.output_processor", "output_processor", "add_request"),
+    ("intake.request_and_block_hashes", "engine_core.engine_core", "preprocess_add_request"),
+    ("intake.scheduler_queue", _SCHEDULER, "add_request"),
+    ("step", "", "step"),
+    ("schedule", _SCHEDULER, "schedule"),
+    ("schedule.prefix_cache_lookup", _SCHEDULER + ".kv_cache_manager", "get_computed_blocks"),
+    ("schedule.allocate_blocks", _SCHEDULER + ".kv_cache_manager", "allocate_slots"),
+    ("runner.execute_model", _RUNNER, "execute_model"),
+    ("runner.update_states", _RUNNER, "_update_states"),
+    ("runner.prepare_inputs", _RUNNER, "_prepare_inputs"),
+    ("runner.sample_tokens", _RUNNER, "sample_tokens"),
+    ("update_from_output", _SCHEDULER, "update_from_output"),
+    ("process_outputs", "output_processor", "process_outputs"),
+)
+
+
+class _PhaseClock:
+    """Times methods of live objects per request: each is replaced on its instance by a
+    wrapper that adds its wall time to ``current[phase]``; :meth:`restore` undoes it."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, float] = {}
+        self.missing: list[str] = []
+        self._undo: list[Callable[[], None]] = []
+
+    def wrap_all(self, root: Any, phases: tuple[tuple[str, str, str], ...]) -> None:
+        for phase, path, method in phases:
+            obj = root
+            for name in filter(None, path.split(".")):
+                obj = getattr(obj, name, None)
+            original = getattr(obj, method, None) if obj is not None else None
+            if original is None:
+                self.missing.append(phase)
+                continue
+            try:
+                self._wrap(obj, method, original, phase)
+            except (AttributeError, TypeError):  # an object without a __dict__
+                self.missing.append(phase)
+
+    def _wrap(self, obj: Any, method: str, original: Callable[..., Any], phase: str) -> None:
+        current = self.current
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                current[phase] = current.get(phase, 0.0) + (time.perf_counter() - t0) * 1e6
+
+        own = vars(obj).get(method)  # an instance attribute of that name, to put back
+        setattr(obj, method, timed)
+        if own is not None:
+            self._undo.append(lambda: setattr(obj, method, own))
+        else:
+            self._undo.append(lambda: delattr(obj, method))
+
+    def restore(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+
+def _vllm_phases(
+    suite: AnatomySource, modes: dict[str, Callable[[], Any]], runs: int
+) -> dict[str, Any]:
+    """vLLM's CPU time per request by phase (median us per mode; see ``VLLM_PHASES``)."""
+    llm_engine = getattr(getattr(suite, "engine", None), "_engine", None)
+    if llm_engine is None:
+        return {"skipped": "the suite exposes no in-process vLLM engine"}
+    clock = _PhaseClock()
+    samples: dict[str, dict[str, list[float]]] = {mode: {} for mode in modes}
+    try:
+        clock.wrap_all(llm_engine, VLLM_PHASES)
+        for _ in range(runs):
+            for mode, make in modes.items():
+                prompt = make()
+                clock.current.clear()
+                suite._ttft(prompt)
+                for phase, us in clock.current.items():
+                    samples[mode].setdefault(phase, []).append(us)
+    finally:
+        clock.restore()
+    out: dict[str, Any] = {
+        mode: {phase: round(statistics.median(v), 1) for phase, v in parts.items()}
+        for mode, parts in samples.items()
+    }
+    out["missing"] = clock.missing
+    return out
 
 
 class AnatomySource(Protocol):
@@ -115,10 +219,10 @@ def _wall(
         mode: {part: round(statistics.median(v), 1) for part, v in parts.items()}
         for mode, parts in host.items()
     }
-    cold = [mode for mode in modes if not mode.startswith("warm")]  # k0, query0, k_small, k_large
+    order = list(modes)  # k0, query0, k_small, k_large, warm_large
     paired = {}
-    for i, base in enumerate(cold):
-        for top in cold[i + 1 :]:
+    for i, base in enumerate(order):
+        for top in order[i + 1 :]:
             ratios = [a / b for a, b in zip(samples[top], samples[base], strict=True)]
             paired[f"{top}/{base}"] = round(statistics.median(ratios), 4)
     return medians, host_us, paired
@@ -312,7 +416,6 @@ def _host_probe(repeats: int = 2000) -> dict[str, Any]:
     host in general or only inside a step. Also the process's threads (another runnable
     Python thread would take the GIL at every torch call)."""
     import threading
-    import time
 
     import numpy as np
     import torch
@@ -365,6 +468,20 @@ def _text(result: dict[str, Any]) -> str:
             )
         )
     lines.append(f"Host calls in a tight loop, between requests (us): {result['host_probe']}")
+    phases = result["vllm_us"]
+    if "skipped" in phases:
+        lines.append(f"vLLM's phases skipped: {phases['skipped']}")
+    else:
+        timed = [mode for mode in result["ttft_ms"] if mode in phases]
+        lines.append("vLLM's own CPU time per request by phase, median (us; inclusive):")
+        lines.append("  " + " " * 32 + "".join(f"{mode:>10s}" for mode in timed))
+        for phase, _, _ in VLLM_PHASES:
+            if phase in phases["missing"]:
+                continue
+            cells = "".join(f"{phases[mode].get(phase, 0.0):10.1f}" for mode in timed)
+            lines.append(f"  {phase:32s}{cells}")
+        if phases["missing"]:
+            lines.append(f"  not in this vLLM: {', '.join(phases['missing'])}")
     lines.append("GPU kernel time per request (us), top kernels:")
     for mode, gpu in result["gpu_us"].items():
         if mode == "skipped":
@@ -406,10 +523,11 @@ def run(
     small: int = 5,
     large: int = 50,
     profiled_runs: int = 20,
+    phase_runs: int = 50,
 ) -> dict[str, Any]:
     """Measure the modes k=0, query0, k=``small``, k=``large`` and the warm k=``large`` prompt:
-    ``runs`` repetitions without profiler (before and after the profilers), ``profiled_runs``
-    under each profiler."""
+    ``runs`` repetitions without profiler (before and after the profilers), ``phase_runs`` with
+    vLLM's phases timed, ``profiled_runs`` under each profiler."""
     modes = _modes(suite, small, large)
     for _ in range(3):  # warm-up of every path
         for make in modes.values():
@@ -417,6 +535,7 @@ def run(
     result: dict[str, Any] = {"runs": runs, "profiled_runs": profiled_runs}
     result["ttft_ms"], result["connector_us"], result["paired_ratios"] = _wall(suite, modes, runs)
     result["host_probe"] = _host_probe()
+    result["vllm_us"] = _vllm_phases(suite, modes, phase_runs)
     result["gpu_us"] = _gpu(suite, modes, min(profiled_runs, 10))
     result["python_us"] = _python(suite, modes, profiled_runs)
     result["timeline"] = _timeline(suite, modes, out, ("k0", f"k{large}", f"warm{large}"))
