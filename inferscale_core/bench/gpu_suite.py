@@ -437,6 +437,10 @@ def main(out: Path) -> None:
     result["cudagraph_mode"] = suite.cudagraph_mode or "default (FULL_AND_PIECEWISE)"
     result["block_size"] = suite.engine.block_size
     result["prefix_caching_hash_algo"] = suite.hash_algo or "default (sha256)"
+    # vLLM 0.26 picks its V2 model runner for this model unless VLLM_USE_V2_MODEL_RUNNER=0.
+    v2 = getattr(suite.engine.llm.llm_engine.vllm_config, "use_v2_model_runner", False)
+    result["model_runner"] = "v2" if v2 else "v1"
+    print(f"model runner {result['model_runner']}", flush=True)
     print(f"engine up in {suite.engine_start_s:.1f} s", flush=True)
 
     def save() -> None:
