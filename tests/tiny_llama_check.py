@@ -81,6 +81,10 @@ def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
         else None,
     )
     builder, engine = runtime.builder, runtime.engine
+    if os.environ.get("TINY_SYNC_LOAD") == "1":  # diagnosis: the device drained around each load
+        from inferscale_core.vllm_plugin.connector import in_process_worker
+
+        in_process_worker().sync_timing = True
     facts = [
         MemoryFact(f"Fact number {i}: the {word} is kept in drawer {i * 7}.", date(2024, 1, i + 1))
         for i, word in enumerate(["key", "map", "pen", "coin", "ring"])
@@ -138,6 +142,7 @@ def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
         "dtype": dtype,
         # Compared up to the first step where the greedy tokens differ (see max_logprob_delta).
         "k1_delta": max_logprob_delta(full.logprobs, inj1.logprobs, full.token_ids, inj1.token_ids),
+        "k1_first_step_delta": max_logprob_delta(full.logprobs[:1], inj1.logprobs[:1]),
         "k1_steps_before_divergence": steps_in_common(full.token_ids, inj1.token_ids),
         "k1_steps": len(full.token_ids),
         "two_full_prefills_delta": max_logprob_delta(
@@ -148,6 +153,10 @@ def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
             full.logprobs, full_cached.logprobs, full.token_ids, full_cached.token_ids
         ),
         "prefix_cached_tokens": full_cached.cached_tokens,  # vLLM's num_cached_tokens
+        "sync_load": os.environ.get("TINY_SYNC_LOAD") == "1",
+        "model_runner": "v2"
+        if getattr(engine.llm.llm_engine.vllm_config, "use_v2_model_runner", False)
+        else "v1",
         "k1_same_tokens": full.token_ids == inj1.token_ids,
         "k1_injected": inj1.injected_tokens,
         "k1_span_end": composed1.span_end,
