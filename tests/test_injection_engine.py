@@ -133,6 +133,40 @@ def test_wrong_fingerprint_is_refused(runtime, monkeypatch):
     assert "does not match the engine" in _refused(runtime.engine, composed).refused
 
 
+def test_an_engine_that_cannot_read_injected_kv_exactly_refuses_every_memory_request(
+    runtime, monkeypatch
+):
+    from inferscale_core.vllm_plugin.connector import injection_refusal
+
+    core = runtime.engine.llm.llm_engine.engine_core.engine_core
+    scheduler = core.scheduler.connector._scheduler
+    assert scheduler.refusal is None  # this engine (CPU, eager) injects
+    reason = injection_refusal("FULL", v2_model_runner=True)
+    monkeypatch.setattr(scheduler, "refusal", reason)  # as if it were vLLM 0.26's V2 + FULL
+    composed = runtime.builder.build(FACTS[:2], "Where does Ana live?", w=3)
+    assert _refused(runtime.engine, composed).refused == reason
+
+
+@pytest.mark.parametrize(
+    ("mode", "v2", "refused"),
+    [
+        ("FULL", True, True),  # prefills in full graphs, V2 runner: 0.51 measured on the H200
+        ("FULL", False, False),  # the V1 runner: exact (0.0158, bf16 noise)
+        ("FULL_AND_PIECEWISE", True, False),  # vLLM's default: prefills run piecewise
+        ("FULL_DECODE_ONLY", True, False),
+        ("PIECEWISE", True, False),
+        ("NONE", True, False),
+    ],
+)
+def test_injection_is_refused_only_where_it_was_measured_inexact(mode, v2, refused):
+    from inferscale_core.vllm_plugin.connector import injection_refusal
+
+    reason = injection_refusal(mode, v2_model_runner=v2)
+    assert (reason is not None) == refused
+    if refused:
+        assert "VLLM_USE_V2_MODEL_RUNNER=0" in reason and "FULL" in reason
+
+
 def test_prompt_logprobs_request_is_not_injected(runtime):
     composed = runtime.builder.build(FACTS[:1], "What is my cat called?", w=9)
     result = runtime.engine.generate(composed, max_tokens=2, prompt_logprobs=1)

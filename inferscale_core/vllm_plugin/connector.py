@@ -62,7 +62,14 @@ class InferScaleConnector(KVConnectorBase_V1):
         self._worker: InjectionWorker | None = None
         if role == KVConnectorRole.SCHEDULER:
             block_size = vllm_config.cache_config.block_size
-            self._scheduler = InjectionScheduler(store, str(extra["fingerprint"]), block_size)
+            mode = getattr(vllm_config.compilation_config, "cudagraph_mode", None)
+            refusal = injection_refusal(
+                mode.name if mode is not None else None,
+                bool(getattr(vllm_config, "use_v2_model_runner", False)),
+            )
+            self._scheduler = InjectionScheduler(
+                store, str(extra["fingerprint"]), block_size, refusal=refusal
+            )
         else:
             self._worker = InjectionWorker(vllm_config, store, extra.get("kv_write", "auto"))
 
@@ -115,6 +122,29 @@ class InferScaleConnector(KVConnectorBase_V1):
     ) -> tuple[bool, dict[str, Any] | None]:
         assert self._scheduler is not None
         return self._scheduler.request_finished(request)
+
+
+def injection_refusal(cudagraph_mode: str | None, v2_model_runner: bool) -> str | None:
+    """Why an engine with this ``cudagraph_mode`` (a ``CUDAGraphMode`` name) and model runner
+    cannot serve injected KV exactly, or None.
+
+    Measured on the H200 with vLLM 0.26 (docs/BENCHMARKS.md, run AH): with full CUDA graphs for
+    prefills (a mode whose mixed-batch mode is FULL), the V2 model runner's forward over
+    injected KV differs from a full prefill (max |Δ logprob| 0.51 at k=1, with or without a
+    device sync around the load), while the V1 runner's stays exact (0.0158, bf16 noise).
+    vLLM's default mode runs prefills piecewise and is exact with both runners.
+    """
+    from vllm.config import CUDAGraphMode
+
+    if not v2_model_runner or cudagraph_mode is None:
+        return None
+    if CUDAGraphMode[cudagraph_mode].mixed_mode() != CUDAGraphMode.FULL:
+        return None
+    return (
+        "vLLM's V2 model runner with full CUDA graphs for prefills (cudagraph_mode"
+        f" {cudagraph_mode}) does not read injected KV exactly; use vLLM's default cudagraph"
+        " mode, or VLLM_USE_V2_MODEL_RUNNER=0"
+    )
 
 
 def in_process_worker() -> InjectionWorker | None:

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from inferscale_core.composer import KV_PARAMS_KEY
 from inferscale_core.kvstore import KVStore
 from inferscale_core.load_plan import LoadPlan, Refused, plan_load
 from inferscale_core.vllm_plugin.metadata import InjectionMetadata, LoadOp
@@ -31,10 +32,17 @@ class _RequestState:
 class InjectionScheduler:
     """Validates each memory request against the store; plans synchronous loads."""
 
-    def __init__(self, store: KVStore, fingerprint: str, block_size: int) -> None:
+    def __init__(
+        self, store: KVStore, fingerprint: str, block_size: int, refusal: str | None = None
+    ) -> None:
         self.store = store
         self.fingerprint = fingerprint
         self.block_size = block_size
+        # Set when this engine cannot serve injected KV exactly (see connector.injection_refusal):
+        # every memory request is then refused with it, and prefilled in full.
+        self.refusal = refusal
+        if refusal is not None:
+            log.warning("memory requests will be prefilled, not injected: %s", refusal)
         self._requests: dict[str, _RequestState] = {}
         self._ready: list[LoadOp] = []
 
@@ -47,6 +55,9 @@ class InjectionScheduler:
         state.computed_before = num_computed_tokens
         timing = state.timing
         prompt_logprobs = getattr(request.sampling_params, "prompt_logprobs", None) is not None
+        if self.refusal is not None and KV_PARAMS_KEY in (request.kv_transfer_params or {}):
+            state.refused = self.refusal  # said once, when the engine started
+            return 0, False
         try:
             t1 = time.perf_counter()
             headers = self.store.header_reader()  # one folder stat for all entries
