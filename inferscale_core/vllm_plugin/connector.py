@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from vllm.config import CUDAGraphMode
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -134,8 +135,6 @@ def injection_refusal(cudagraph_mode: str | None, v2_model_runner: bool) -> str 
     device sync around the load), while the V1 runner's stays exact (0.0158, bf16 noise).
     vLLM's default mode runs prefills piecewise and is exact with both runners.
     """
-    from vllm.config import CUDAGraphMode
-
     if not v2_model_runner or cudagraph_mode is None:
         return None
     if CUDAGraphMode[cudagraph_mode].mixed_mode() != CUDAGraphMode.FULL:
