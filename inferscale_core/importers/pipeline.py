@@ -22,7 +22,8 @@ Decisions:
   turn stay apart. A file hash in the key (``<hash>/<index>``) would make a grown file a new
   conversation, re-adding every turn. Cost: one read of the stored turns per such
   conversation. Limit: if a stored turn changed in a newer export (an edited message), the
-  newer export becomes a separate conversation.
+  newer export becomes a separate conversation. Looking the key up and adding the conversation
+  run in one :meth:`FactLog.transaction`, so no other writer can take the key in between.
 * **Bad files** (:class:`UnsupportedExportError`, :class:`MalformedExportError`,
   ``UnicodeError``, ``OSError``) are reported with the exception message as the reason, and the
   batch goes on. Conversations parsed before a malformed spot stay stored (they are valid);
@@ -42,10 +43,8 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 from inferscale_core.factlog import FactLog
@@ -232,7 +231,7 @@ class Importer:
         signature = stat_signature(path)
         try:
             result.sha256 = file_sha256(path)
-            if self._already_imported(result.sha256):
+            if self.factlog.is_imported(self.profile_id, result.sha256):
                 result.status = "skipped"
             else:
                 result.format = detect_format(path)
@@ -257,34 +256,18 @@ class Importer:
     def _in_inbox(self, path: Path) -> bool:
         return path.expanduser().absolute().parent.resolve() == self.inbox_root
 
-    def _already_imported(self, sha256: str) -> bool:
-        row = self.factlog.db.execute(
-            "SELECT 1 FROM imports WHERE profile_id = ? AND sha256 = ? AND status = 'imported'",
-            (self.profile_id, sha256),
-        ).fetchone()
-        return row is not None
-
     def _record(self, result: FileResult) -> None:
-        with self._transaction():
-            self.factlog.db.execute(
-                "INSERT INTO imports (profile_id, path, sha256, format, status, reason,"
-                " conversations, turns_added, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (profile_id, sha256) DO UPDATE SET path = excluded.path,"
-                " format = excluded.format, status = excluded.status, reason = excluded.reason,"
-                " conversations = excluded.conversations, turns_added = excluded.turns_added,"
-                " at = excluded.at",
-                (
-                    self.profile_id,
-                    str(result.path.absolute()),
-                    result.sha256,
-                    result.format,
-                    result.status,
-                    result.reason,
-                    result.conversations,
-                    result.turns_added,
-                    datetime.now(UTC).isoformat(timespec="microseconds"),
-                ),
-            )
+        assert result.sha256 is not None
+        self.factlog.record_import(
+            self.profile_id,
+            result.path.absolute(),
+            result.sha256,
+            fmt=result.format,
+            status=result.status,
+            reason=result.reason,
+            conversations=result.conversations,
+            turns_added=result.turns_added,
+        )
 
     # -- one conversation -----------------------------------------------------------------
 
@@ -294,7 +277,7 @@ class Importer:
             return self.factlog.add_conversation(self.profile_id, conv)[1]
         if conv.source_id is None and not conv.turns:
             return 0  # nothing to store, and nothing to recognise it by later
-        with self._transaction():  # resolving the key and adding it must not interleave
+        with self.factlog.transaction():  # resolving the key and adding it must not interleave
             conv.source_id = self._resolve_key(conv)
             return self.factlog.add_conversation(self.profile_id, conv)[1]
 
@@ -306,41 +289,15 @@ class Importer:
         n = 1
         while True:
             key = base if n == 1 else f"{base}~{n}"
-            row = self.factlog.db.execute(
-                "SELECT id FROM conversations"
-                " WHERE profile_id = ? AND source = ? AND source_id = ?",
-                (self.profile_id, conv.source, key),
-            ).fetchone()
-            if row is None or self._agrees(row[0], conv.turns):
+            conv_id = self.factlog.conversation_by_source(self.profile_id, conv.source, key)
+            if conv_id is None or self.factlog.conversation_agrees(conv_id, conv.turns):
                 return key
             n += 1
 
-    def _agrees(self, conversation_id: int, turns: list[Turn]) -> bool:
-        stored = self.factlog.db.execute(
-            "SELECT speaker, text, timestamp FROM turns WHERE conversation_id = ? ORDER BY idx",
-            (conversation_id,),
-        )
-        return all(row == _turn_row(turn) for row, turn in zip(stored, turns, strict=False))
-
-    @contextmanager
-    def _transaction(self) -> Iterator[None]:
-        """``BEGIN IMMEDIATE`` … ``COMMIT`` (the fact log's own writes nest as savepoints)."""
-        db = self.factlog.db
-        if db.conn.in_transaction:  # the caller's transaction: nest as a savepoint
-            with db.atomic():
-                yield
-            return
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-            db.execute("COMMIT")
-        except BaseException:
-            db.rollback()
-            raise
-
 
 def _turn_row(turn: Turn) -> tuple[str, str, str | None]:
-    """A turn as the ``(speaker, text, timestamp)`` the fact log stores."""
+    """A turn as the ``(speaker, text, timestamp)`` hashed into ``auto:`` keys (stored keys
+    depend on it: never change it)."""
     return turn.speaker, turn.text, None if turn.timestamp is None else turn.timestamp.isoformat()
 
 

@@ -2,8 +2,8 @@
 
 Rules: migrations only ever grow. Never edit or reorder one that has shipped; add the next number.
 Each migration runs inside a transaction (a savepoint inside the single ``BEGIN IMMEDIATE``
-that :func:`migrate` opens), together with its row in ``_sqlite_migrations``, so a failure
-leaves it pending and applying twice is a no-op.
+that :func:`migrate` opens with the fact log's transaction helper), together with its row in
+``_sqlite_migrations``, so a failure leaves it pending and applying twice is a no-op.
 
 The tables are written as plain SQL rather than ``db[...].create()`` because they need what
 sqlite-utils' ``create()`` cannot express: CHECK constraints, table-level UNIQUE constraints,
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
+
+from inferscale_core.factlog._transaction import immediate_transaction
 
 migrations = Migrations("inferscale")
 
@@ -220,10 +222,5 @@ def migrate(db: Database) -> None:
     """
     if not migrations.pending(db):
         return
-    db.execute("BEGIN IMMEDIATE")
-    try:
+    with immediate_transaction(db):
         migrations.apply(db)
-    except BaseException:
-        db.rollback()
-        raise
-    db.commit()
