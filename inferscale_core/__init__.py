@@ -1,7 +1,7 @@
 """InferScale assistant core: memory facts, their pre-RoPE KV, retrieval and injection.
 
 Everything that is not the Textual UI lives here. Only ``inferscale_core.vllm_plugin`` (and
-``inferscale_core.bench``) may import vLLM; the math is testable without it.
+``bench``) may import vLLM; the math is testable without it.
 """
 
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""Token layout of a memory request (DESIGN.md §3) and its KV load plan.
+"""Token layout of a memory request (docs/DESIGN.md, "Token layout") and its KV load plan.
 
 A request is sent to the engine as token ids, never re-tokenized text::
 

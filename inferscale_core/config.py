@@ -1,8 +1,9 @@
 """The user's settings: one TOML file (``paths.config_file()``), read by the CLI and the TUI.
 
-Imports nothing from the project. A missing file means the defaults; a bad value is a
-:class:`ConfigError` that names the file, the key and what is allowed, so the user can fix it
-by hand. :func:`save` writes atomically (temporary file, fsync, rename), mode 0600.
+Imports nothing from the project but the leaf :mod:`inferscale_core.files`. A missing file means the
+defaults; a bad value is a :class:`ConfigError` that names the file, the key and what is allowed, so
+the user can fix it by hand. :func:`save` writes atomically (temporary file, fsync, rename), mode
+0600.
 
 Example file::
 
@@ -16,8 +17,6 @@ Example file::
 
 from __future__ import annotations
 
-import os
-import tempfile
 import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -105,25 +104,10 @@ def save(config: AppConfig, path: Path | str) -> Path:
     """Write ``config`` to ``path`` atomically (a reader sees the old file or the new one)."""
     import tomli_w
 
+    from inferscale_core.files import write_atomic  # a leaf module: no import cycle
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     body = "# InferScale assistant settings (inferscale-assistant, Settings screen)\n"
     body += tomli_w.dumps(config.to_dict())
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    if os.name == "posix":
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    return path
+    return write_atomic(path, body)

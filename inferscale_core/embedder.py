@@ -1,7 +1,7 @@
 """Sentence embeddings of facts and questions, for retrieval.
 
 ``Embedder`` is what the retriever needs; ``SentenceTransformerEmbedder`` is the real one, over
-the all-MiniLM-L6-v2 folder shipped as a package (:func:`inferscale_core.models.minilm_dir`).
+the all-MiniLM-L6-v2 folder shipped as a package (:func:`inferscale_core.model_files.minilm_dir`).
 Nothing is ever fetched from a model hub.
 
 ``name`` keys the stored embeddings (``fact_embeddings.model``): it changes when the model
@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from inferscale_core.models import enforce_offline, minilm_dir
+from inferscale_core.model_files import enforce_offline, minilm_dir
 
 # The files whose contents (small ones) or sizes (weights) name a sentence-transformers folder.
 _NAMING_FILES = (

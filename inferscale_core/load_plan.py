@@ -8,7 +8,6 @@ vLLM's load-failure recovery.
 
 from __future__ import annotations
 
-import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -107,7 +106,6 @@ def plan_load(
     headers: Callable[[Sequence[str]], Sequence[EntryHeader]],
     fingerprint: str,
     prompt_logprobs: bool = False,
-    timing: dict[str, float] | None = None,
 ) -> LoadPlan | None:
     """Decide the load for a request; None if it asks for none, :class:`Refused` if unservable.
 
@@ -115,8 +113,7 @@ def plan_load(
     already hold the leading blocks, and the scheduler needs at least one token to compute.
     ``headers`` gives the entries' headers in order (:meth:`KVStore.header_reader`). The
     checks run over whole columns (``map``, list comparisons); a failed one looks for the
-    entry to name. ``timing``, if given, gains the microseconds spent reading the headers
-    (``headers_us``) and checking the prompt's tokens against them (``tokens_us``).
+    entry to name.
     """
     columns = _entry_columns(params)
     if columns is None:
@@ -142,12 +139,10 @@ def plan_load(
     span_end = ends[-1] if keys else 0
     if span_end > len(prompt_ids):
         raise Refused(f"span_end {span_end} is past the prompt ({len(prompt_ids)} tokens)")
-    t0 = time.perf_counter()
     try:
         found = headers(keys)
     except EntryMissingError as exc:
         raise Refused(f"unknown entry {exc.args[0]}") from None
-    t1 = time.perf_counter()
     token_ids = list(map(_TOKEN_IDS, found))
     if set(map(_FINGERPRINT, found)) - {fingerprint} or list(map(len, token_ids)) != lengths:
         for key, start, end, entry in zip(keys, starts, ends, found, strict=True):
@@ -162,9 +157,6 @@ def plan_load(
         for key, start, end in zip(keys, starts, ends, strict=True):
             if prompt_ids[start:end] != expected_ids[start:end]:
                 raise Refused(f"prompt tokens [{start}, {end}) do not match entry {key}")
-    if timing is not None:
-        timing["headers_us"] = (t1 - t0) * 1e6
-        timing["tokens_us"] = (time.perf_counter() - t1) * 1e6
     end = min(span_end, num_tokens - 1)
     first = max(num_computed, 0)
     lo, hi = bisect_right(ends, first), bisect_left(starts, end)  # entries reaching into it

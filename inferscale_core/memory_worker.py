@@ -18,9 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from inferscale_core.composer import fact_line
-from inferscale_core.encoder import ENCODER_VERSION
+from inferscale_core.encoding import ENCODER_VERSION
 from inferscale_core.extractor import Extractor, FactOp
 from inferscale_core.factlog import FactLog, InactiveFactError
+from inferscale_core.kvstore import KVStore
 from inferscale_core.prompt_builder import MemoryFact, PromptBuilder
 from inferscale_core.retriever import Retriever
 from inferscale_core.types import Fact, Turn
@@ -64,11 +65,12 @@ def context_line(turn: Turn) -> str:
 class MemoryWorker:
     """Runs extraction and encoding for one profile in a background thread.
 
-    ``open_log`` opens a fact-log connection for the worker's own thread (SQLite connections
-    belong to one thread); ``make_retriever`` builds the worker's own retriever over it, used
-    to find the facts similar to a turn (update/delete targets, near-duplicates) and to store
-    new facts' embeddings. ``on_change(added, removed)`` is told which fact ids were extracted
-    or stopped being facts, so the chat thread can update its own index.
+    ``builder`` encodes into ``store``, where the worker also drops the entries of facts that
+    stopped being facts. ``open_log`` opens a fact-log connection for the worker's own thread
+    (SQLite connections belong to one thread); ``make_retriever`` builds the worker's own retriever
+    over it, used to find the facts similar to a turn (update/delete targets, near-duplicates) and
+    to store new facts' embeddings. ``on_change(added, removed)`` is told which fact ids were
+    extracted or stopped being facts, so the chat thread can update its own index.
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class MemoryWorker:
         open_log: Callable[[], FactLog],
         profile_id: int,
         builder: PromptBuilder,
+        store: KVStore,
         extractor: Extractor,
         w: int = 20,
         batch_size: int = 16,
@@ -86,6 +89,7 @@ class MemoryWorker:
         self.open_log = open_log
         self.profile_id = profile_id
         self.builder = builder
+        self.store = store
         self.extractor = extractor
         self.w = w
         self.batch_size = batch_size
@@ -256,7 +260,7 @@ class MemoryWorker:
                 pass
         elif op.op == "delete" and op.target_id is not None:
             for key in factlog.delete_fact(op.target_id, cause=cause):
-                self.builder.store.delete(key)
+                self.store.delete(key)
             removed.append(op.target_id)
 
     def _memory_fact(self, factlog: FactLog, fact: Fact) -> MemoryFact:
@@ -279,26 +283,18 @@ class MemoryWorker:
         entries = self.builder.encode_many(memory, spaces)  # durable in the store on return
         ready: list[int] = []
         for fact, (key, ids) in zip(facts, entries, strict=True):
-            nbytes = _nbytes(self.builder.store.header(key).shape)
+            nbytes = self.store.header(key).nbytes
             try:
                 replaced = factlog.record_kv(
                     fact.id, fingerprint, self.w, ENCODER_VERSION, key, len(ids), nbytes
                 )
             except InactiveFactError:  # forgotten while we encoded it: drop the tensors
-                self.builder.store.delete(key)
+                self.store.delete(key)
                 continue
             if replaced:
-                self.builder.store.delete(replaced)
+                self.store.delete(replaced)
             ready.append(fact.id)
         self._rate.add(time.perf_counter() - t0, len(facts))
         self.stats.encoded_facts += len(ready)
         self.stats.encode_rate = self._rate.per_second
         return len(facts)
-
-
-def _nbytes(shape: tuple[int, ...]) -> int:
-    """Bytes of an entry's K and V in fp32: 2 * layers * tokens * kv_heads * head_dim * 4."""
-    count = 1
-    for size in shape:
-        count *= size
-    return 2 * count * 4

@@ -42,6 +42,16 @@ def data_dir() -> Path:
     return _ensure(Path(platformdirs.user_data_dir(APP_NAME, appauthor=False)))
 
 
+def memory_db() -> Path:
+    """The fact log: conversations, turns, facts and what encodes them (SQLite)."""
+    return data_dir() / "memory.db"
+
+
+def inbox_dir() -> Path:
+    """The folder watched for chat exports to import (created when first watched)."""
+    return data_dir() / "inbox"
+
+
 def kv_dir() -> Path:
     """The KV store: one folder per model fingerprint under it (created 0700 here, since the
     store creates only the fingerprint folder with that mode)."""

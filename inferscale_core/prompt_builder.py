@@ -17,8 +17,13 @@ from pathlib import Path
 import torch
 
 from inferscale_core.composer import ChatLayout, ComposedPrompt, entry_key, fact_line
-from inferscale_core.encoder import ENCODER_VERSION, HFReferenceEncoder
+from inferscale_core.encoding import ENCODER_VERSION, HFReferenceEncoder
 from inferscale_core.kvstore import KVStore
+
+
+def default_system_prompt() -> str:
+    """The assistant's system prompt, shipped beside this module (``system_prompt.txt``)."""
+    return (Path(__file__).with_name("system_prompt.txt")).read_text(encoding="utf-8")
 
 
 def gpu_serving_dtype(model_dir: Path) -> torch.dtype:
@@ -50,24 +55,19 @@ class PromptBuilder:
         self.prefix_key = layout.prefix_key(self.fingerprint)
 
     @classmethod
-    def for_model(
-        cls, model_dir: Path, store_root: Path, system_prompt: str, gpu_bytes: int = 0
-    ) -> PromptBuilder:
-        """The builder of a local model folder: its chat layout, a reference encoder, and the
-        process's KV store in ``store_root/<model fingerprint>`` (no inference engine needed)."""
+    def for_model(cls, model_dir: Path, store: KVStore, system_prompt: str) -> PromptBuilder:
+        """The builder of a local model folder: its chat layout and a reference encoder,
+        writing to ``store`` (no inference engine needed)."""
         from transformers import AutoTokenizer
 
-        from inferscale_core.fingerprint import model_fingerprint
-        from inferscale_core.kvstore import open_shared
-
-        fingerprint = model_fingerprint(model_dir)
-        store = open_shared(Path(store_root) / fingerprint, gpu_bytes=gpu_bytes)
         layout = ChatLayout(AutoTokenizer.from_pretrained(str(model_dir)), system_prompt)
         if torch.cuda.is_available():  # beside vLLM on the GPU, in the serving cache's dtype
             dtype = gpu_serving_dtype(model_dir)
-            encoder = HFReferenceEncoder(model_dir, fingerprint, dtype, "cuda", kv_dtype=dtype)
+            encoder = HFReferenceEncoder(
+                model_dir, store.fingerprint, dtype, "cuda", kv_dtype=dtype
+            )
         else:  # on a CPU the engine runs fp32 too
-            encoder = HFReferenceEncoder(model_dir, fingerprint)
+            encoder = HFReferenceEncoder(model_dir, store.fingerprint)
         return cls(layout, encoder, store)
 
     def cache_salt(self, w: int) -> str:

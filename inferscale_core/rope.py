@@ -225,42 +225,6 @@ def rotate(
     return _apply(k_pre, positions, spec, out_dtype, inverse=False, out=out)
 
 
-def _rotate_neox_math(
-    k: torch.Tensor,  # [..., tokens, kv_heads, head_dim]
-    cos: torch.Tensor,  # [tokens, 1, rotary_dim // 2] fp32
-    sin: torch.Tensor,  # [tokens, 1, rotary_dim // 2] fp32
-    rotary_dim: int,
-    out_dtype: torch.dtype,
-) -> torch.Tensor:
-    x = k.float()
-    half = rotary_dim // 2
-    a, b = x[..., :half], x[..., half:rotary_dim]
-    rotated = torch.cat((a * cos - b * sin, b * cos + a * sin, x[..., rotary_dim:]), dim=-1)
-    return rotated.to(out_dtype)
-
-
-@functools.lru_cache(maxsize=1)
-def _compiled_rotate_neox():
-    return torch.compile(_rotate_neox_math, dynamic=True, fullgraph=True)
-
-
-def rotate_fused(
-    k_pre: torch.Tensor,  # [..., tokens, kv_heads, head_dim] on a CUDA device
-    positions: torch.Tensor,  # [tokens] int64
-    spec: RopeSpec,
-    out_dtype: torch.dtype,
-) -> torch.Tensor:
-    """:func:`rotate` as one fused GPU kernel (torch.compile): the keys are read once and the
-    rotated, rounded keys written once, instead of one pass per elementwise op. Same fp32 math
-    and single rounding. Falls back to :func:`rotate` for GPT-J style or off the GPU."""
-    if not spec.is_neox_style or k_pre.device.type != "cuda":
-        return rotate(k_pre, positions, spec, out_dtype=out_dtype)
-    cos, sin = cos_sin(spec, positions.to(k_pre.device))  # [tokens, rotary_dim // 2]
-    return _compiled_rotate_neox()(
-        k_pre, cos[:, None, :], sin[:, None, :], spec.rotary_dim, out_dtype
-    )
-
-
 def unrotate(
     k_post: torch.Tensor,  # [..., tokens, kv_heads, head_dim]
     positions: torch.Tensor,  # [tokens] int64 positions ``k_post`` was rotated to

@@ -13,14 +13,12 @@ import queue
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 
 from inferscale_core.composer import fact_line
-from inferscale_core.embedder import Embedder
-from inferscale_core.encoder import ENCODER_VERSION
+from inferscale_core.encoding import ENCODER_VERSION
 from inferscale_core.engine import Engine
-from inferscale_core.extractor import Extractor
 from inferscale_core.factlog import FactLog
+from inferscale_core.kvstore import KVStore
 from inferscale_core.memory_worker import MemoryWorker
 from inferscale_core.prompt_builder import MemoryFact, PromptBuilder
 from inferscale_core.retriever import Retriever
@@ -75,6 +73,7 @@ class Session:
         profile_id: int,
         retriever: Retriever,
         builder: PromptBuilder,
+        store: KVStore,
         engine: Engine,
         worker: MemoryWorker | None = None,
         config: SessionConfig | None = None,
@@ -83,42 +82,11 @@ class Session:
         self.profile_id = profile_id
         self.retriever = retriever
         self.builder = builder
+        self.store = store
         self.engine = engine
         self.worker = worker
         self.config = config or SessionConfig()
         self._changes: queue.SimpleQueue[tuple[list[int], list[int]]] = queue.SimpleQueue()
-
-    @classmethod
-    def open(
-        cls,
-        db_path: Path,
-        builder: PromptBuilder,
-        engine: Engine,
-        embedder: Embedder,
-        extractor: Extractor,
-        profile: str = "default",
-        config: SessionConfig | None = None,
-        start_worker: bool = True,
-    ) -> Session:
-        """Open the fact log at ``db_path`` and wire retrieval and the memory worker."""
-        config = config or SessionConfig()
-        factlog = FactLog.open(db_path)
-        profile_id = factlog.profile(profile)
-        session = cls(
-            factlog, profile_id, Retriever(factlog, embedder), builder, engine, None, config
-        )
-        session.worker = MemoryWorker(
-            lambda: FactLog.open(db_path),
-            profile_id,
-            builder,
-            extractor,
-            w=config.w,
-            on_change=session.notify_changed,
-            make_retriever=lambda log: Retriever(log, embedder),
-        )
-        if start_worker:
-            session.worker.start()
-        return session
 
     def close(self) -> None:
         if self.worker is not None:
@@ -165,11 +133,11 @@ class Session:
         fingerprint = self.builder.fingerprint
         for hit in hits:
             fact = hit.fact
-            key = self.factlog.kv_location(fact.id, fingerprint, self.config.w, ENCODER_VERSION)
+            key = self.factlog.kv_key(fact.id, fingerprint, self.config.w, ENCODER_VERSION)
             when = fact.refers_to.isoformat() if fact.refers_to else None
-            if key is not None and self.builder.store.has(key):
-                entries.append((key, list(self.builder.store.header(key).token_ids)))
-                tier = (self.builder.store.where(key) or [None])[0]  # fastest tier holding it
+            if key is not None and self.store.has(key):
+                entries.append((key, list(self.store.header(key).token_ids)))
+                tier = (self.store.where(key) or [None])[0]  # fastest tier holding it
                 used.append(InjectedFact(fact.id, fact.text, when, hit.score, "injected", tier))
             else:
                 lines.append(fact_line(fact.text, fact.refers_to))
@@ -233,14 +201,14 @@ class Session:
     # ---- memory edits: one operation across the log, the index and every KV tier ----
     def forget(self, fact_id: int, cause: str = "forgotten by the user") -> None:
         for key in self.factlog.forget_fact(fact_id, cause):
-            self.builder.store.delete(key)
+            self.store.delete(key)
         self.retriever.remove(fact_id)
 
     def edit(self, fact_id: int, new_text: str, cause: str = "edited by the user") -> int:
-        old_keys = self.factlog.kv_locations(fact_id)
+        old_keys = self.factlog.kv_keys(fact_id)
         new_id = self.factlog.update_fact(fact_id, new_text, cause)
         for key in old_keys:
-            self.builder.store.delete(key)
+            self.store.delete(key)
         self.retriever.remove(fact_id)
         fact = self.factlog.get_fact(new_id)
         if fact is not None:

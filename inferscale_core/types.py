@@ -133,10 +133,6 @@ class GenerationResult:
     injected_entries: list[str] = field(default_factory=list)  # entry keys of the request
     entry_tiers: dict[str, str] = field(default_factory=dict)  # entry key -> tier it came from
     refused: str | None = None  # why the connector did not inject, if it did not
-    # The connector's scheduler-side CPU time on it (us): "scheduler_us" in all, and its parts
-    # ("stat_us": the store folder's stat; "plan_us", of which "headers_us" and "tokens_us";
-    # "tiers_us"; "alloc_us": after vLLM's allocation).
-    scheduler_timing: dict[str, float] = field(default_factory=dict)
 
     @property
     def computed_tokens(self) -> int:

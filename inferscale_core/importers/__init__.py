@@ -5,10 +5,12 @@ Use :func:`parse_file` (detects the format) or a format's own ``parse(path)``::
     for conversation in parse_file("conversations.json"):
         ...
 
-Formats (one module each): ``chatgpt``, ``claude``, ``locomo``, ``jsonl``, ``whatsapp``,
-``markdown``. The format is detected from the *content* of the first 64 KB
-(:func:`detect_format`); the file name only breaks ties between formats whose content checks
-both pass. Big JSON exports are streamed, one conversation at a time.
+Formats (one module each, registered in ``_MODULES``): ``chatgpt``, ``claude``, ``locomo``,
+``jsonl``, ``whatsapp``, ``markdown``. The import pipeline (:mod:`.pipeline`) stores what they parse
+in the fact log; the inbox watcher (:mod:`.watcher`) feeds it files as they arrive. The format is
+detected from the *content* of the first 64 KB (:func:`detect_format`); the file name only breaks
+ties between formats whose content checks both pass. Big JSON exports are streamed, one conversation
+at a time.
 
 Errors: every problem caused by the file's bytes is one of two ``ValueError`` subclasses —
 :class:`UnsupportedExportError` (no format matched; the message lists each format tried and
@@ -43,30 +45,17 @@ __all__ = [
     "parse_file",
 ]
 
-#: Formats in detection priority order (earlier wins a tie the file name does not settle).
-FORMATS: tuple[str, ...] = ("chatgpt", "claude", "locomo", "jsonl", "whatsapp", "markdown")
+#: The format modules, in detection priority order (earlier wins a tie the file name does not
+#: settle). Each has ``FORMAT`` (its name), ``check(sample) -> reason | None`` and
+#: ``parse(path) -> Iterator[Conversation]``: adding a format is one entry here.
+_MODULES = (chatgpt, claude, locomo, jsonl, whatsapp, markdown)
 
+FORMATS: tuple[str, ...] = tuple(module.FORMAT for module in _MODULES)
 _CHECKS: MappingProxyType[str, Callable[[Sample], str | None]] = MappingProxyType(
-    {
-        "chatgpt": chatgpt.check,
-        "claude": claude.check,
-        "locomo": locomo.check,
-        "jsonl": jsonl.check,
-        "whatsapp": whatsapp.check,
-        "markdown": markdown.check,
-    }
+    {module.FORMAT: module.check for module in _MODULES}
 )
 _PARSERS: MappingProxyType[str, Callable[[str | os.PathLike[str]], Iterator[Conversation]]] = (
-    MappingProxyType(
-        {
-            "chatgpt": chatgpt.parse,
-            "claude": claude.parse,
-            "locomo": locomo.parse,
-            "jsonl": jsonl.parse,
-            "whatsapp": whatsapp.parse,
-            "markdown": markdown.parse,
-        }
-    )
+    MappingProxyType({module.FORMAT: module.parse for module in _MODULES})
 )
 #: File-name hints, used only to break ties between formats whose content checks pass.
 _NAME_HINTS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = (

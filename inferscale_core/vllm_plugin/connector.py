@@ -27,7 +27,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from inferscale_core.kvstore import open_shared
+from inferscale_core.kvstore import KVStore
+from inferscale_core.model_spec import ModelSpec, UnsupportedModelError, cache_groups_refusal
 from inferscale_core.vllm_plugin.metadata import InjectionMetadata
 from inferscale_core.vllm_plugin.scheduler_side import InjectionScheduler
 from inferscale_core.vllm_plugin.worker_side import InjectionWorker
@@ -53,33 +54,58 @@ class InferScaleConnector(KVConnectorBase_V1):
             raise ValueError(
                 f"InferScaleConnector needs kv_connector_extra_config {sorted(missing)}"
             )
-        store = open_shared(
+        fingerprint = str(extra["fingerprint"])
+        # Its own store from plain settings, whatever process vLLM runs it in; an app in the
+        # same process hands it its own instead (``use_store``), to share the memory tiers.
+        store = KVStore(
             extra["store_path"],
-            host_bytes=int(extra.get("host_bytes", extra.get("cache_bytes", 1 << 30))),
+            host_bytes=int(extra.get("host_bytes", 1 << 30)),
             gpu_bytes=int(extra.get("gpu_bytes", 0)),  # device pool; absent without CUDA
-            fingerprint=str(extra["fingerprint"]),
+            fingerprint=fingerprint,
         )
+        spec, refusal = None, None
+        try:
+            spec = ModelSpec.from_hf_config(vllm_config.model_config.hf_text_config)
+        except UnsupportedModelError as exc:
+            refusal = str(exc)
         self._scheduler: InjectionScheduler | None = None
         self._worker: InjectionWorker | None = None
         if role == KVConnectorRole.SCHEDULER:
-            block_size = vllm_config.cache_config.block_size
             mode = getattr(vllm_config.compilation_config, "cudagraph_mode", None)
-            refusal = injection_refusal(
-                mode.name if mode is not None else None,
-                bool(getattr(vllm_config, "use_v2_model_runner", False)),
+            refusal = (
+                refusal
+                or cache_groups_refusal(len(kv_cache_config.kv_cache_groups))
+                or injection_refusal(
+                    mode.name if mode is not None else None,
+                    bool(getattr(vllm_config, "use_v2_model_runner", False)),
+                )
             )
-            self._scheduler = InjectionScheduler(
-                store, str(extra["fingerprint"]), block_size, refusal=refusal
+            block_size = vllm_config.cache_config.block_size
+            self._scheduler = InjectionScheduler(store, fingerprint, block_size, refusal=refusal)
+        elif spec is not None:  # an unsupported model gets no loads: the scheduler refuses
+            self._worker = InjectionWorker(vllm_config, store, spec, extra.get("kv_write", "auto"))
+
+    def use_store(self, store: KVStore) -> None:
+        """Serve from ``store`` (an app's own, in this process) instead of the one opened from
+        the settings; it must be the same folder and model."""
+        side = self._scheduler or self._worker
+        if side is None:
+            return
+        if store.root.resolve() != side.store.root.resolve():
+            raise ValueError(f"store {store.root} is not the connector's {side.store.root}")
+        if store.fingerprint != side.store.fingerprint:
+            raise ValueError(
+                f"store for model {store.fingerprint!r}, not {side.store.fingerprint!r}"
             )
-        else:
-            self._worker = InjectionWorker(vllm_config, store, extra.get("kv_write", "auto"))
+        side.store = store
 
     # ---- worker side ----
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         return  # we write through each layer's backend, which owns its cache tensor
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
-        assert self._worker is not None
+        if self._worker is None:
+            return  # an unsupported model: the scheduler refused every load
         meta = self._get_connector_metadata()
         assert isinstance(meta, InjectionMetadata)
         if meta.loads:
@@ -89,6 +115,11 @@ class InferScaleConnector(KVConnectorBase_V1):
     def worker(self) -> InjectionWorker | None:
         """The worker side (None in the scheduler's role)."""
         return self._worker
+
+    @property
+    def scheduler(self) -> InjectionScheduler | None:
+        """The scheduler side (None in a worker's role)."""
+        return self._scheduler
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads are synchronous and complete before the forward
@@ -144,13 +175,3 @@ def injection_refusal(cudagraph_mode: str | None, v2_model_runner: bool) -> str 
         f" {cudagraph_mode}) does not read injected KV exactly; use vLLM's default cudagraph"
         " mode, or VLLM_USE_V2_MODEL_RUNNER=0"
     )
-
-
-def in_process_worker() -> InjectionWorker | None:
-    """This process's worker side, when vLLM runs in-process (benchmarks read its timings)."""
-    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
-
-    if not has_kv_transfer_group():
-        return None
-    connector = get_kv_transfer_group()
-    return connector.worker if isinstance(connector, InferScaleConnector) else None

@@ -1,8 +1,8 @@
 """The whole injection as one GPU kernel: re-rotate the stored pre-RoPE keys of every layer and
 write K and V straight into vLLM's paged cache.
 
-The unfused path makes one copy of all pieces, one rotation pass and one cache write per layer
-(``reshape_and_cache_flash``), moving every byte three times and launching ~40 kernels. Here
+The backend path (``worker_side``) rotates each piece and makes one cache write per layer,
+moving every byte three times and launching kernels per piece and per layer. Here
 one Triton program per ``(token, layer)`` reads the token's K row (and the partner half its
 rotation needs) from wherever the entry lives — the GPU pool, or a staged copy — rotates it in
 fp32 with the same cos/sin table as :func:`~inferscale_core.rope.cos_sin` (one rounding to the
@@ -21,7 +21,6 @@ vLLM import: the tests run it on CPU tensors under ``TRITON_INTERPRET=1``.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -29,7 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from inferscale_core.kv_tiers import EntryLayout
+from inferscale_core.kvstore.tiers import EntryLayout
 from inferscale_core.load_plan import Piece
 from inferscale_core.rope import RopeSpec, cos_sin
 from inferscale_core.vllm_plugin.paged_layouts import CacheGeometry, PagedLayout, cache_geometry
@@ -162,6 +161,7 @@ class FusedInjector:
         kv_heads: int,
         head_dim: int,
         rope: RopeSpec,
+        direct_launch: bool = True,  # launch the compiled kernel itself after the first load
     ) -> None:
         if triton is None:
             raise RuntimeError("the fused injection kernel needs Triton")
@@ -198,11 +198,7 @@ class FusedInjector:
             "NEOX": rope.is_neox_style,
         }
         self._compiled: dict[tuple, Any] = {}  # see _launch
-        self._direct = True  # whether _launch may launch compiled kernels itself
-        # The last injection's CPU time by part (us), reset by each: "info_us" (the pieces'
-        # table rows, for in-place reads), "table_us" (the kernel's table), "copy_us" (its
-        # copy to the device), "launch_us" (the kernel's launch).
-        self.timing: dict[str, float] = {}
+        self._direct = direct_launch  # whether _launch may launch compiled kernels itself
 
     def _stage(
         self, info: np.ndarray, start: int, tokens: int, block_ids: Sequence[int]
@@ -219,19 +215,15 @@ class FusedInjector:
             self._copied = None
         if self._copied is not None:
             self._copied.synchronize()  # the previous copy has read the host buffer
-        t0 = time.perf_counter()
         _request_table(
             info, start, tokens, block_ids, self.kv_heads * self.head_dim, self._host_view
         )
-        t1 = time.perf_counter()
-        self.timing["table_us"] = (t1 - t0) * 1e6
         device = self._device_table[:size]
         device.copy_(self._host_table[:size], non_blocking=True)
         if self.device.type == "cuda":
             if self._copied is None:
                 self._copied = torch.cuda.Event()
             self._copied.record()
-        self.timing["copy_us"] = (time.perf_counter() - t1) * 1e6
         return device
 
     def _tables(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -252,7 +244,6 @@ class FusedInjector:
         """Write positions ``[start, start + tokens)``, which ``pieces`` must tile exactly, to
         the slots the block table gives them: block ``block_ids[p // block_size]``, offset
         ``p % block_size``. The pieces may live anywhere on the cache's device."""
-        self.timing = {}  # this injection's parts only
         if tokens == 0:
             return
         layers = len(self.caches)
@@ -301,9 +292,8 @@ class FusedInjector:
         block_ids: Sequence[int],
     ) -> None:
         """:meth:`inject` for entries that sit in one pool, described by numbers instead of
-        tensors (what :meth:`~inferscale_core.kv_tiers.DeviceTier.spans` gives): no tensor is
+        tensors (what :meth:`~inferscale_core.kvstore.tiers.DeviceTier.spans` gives): no tensor is
         touched per fact, so the CPU's share stays small at large k."""
-        self.timing = {}  # this injection's parts only
         if tokens == 0:
             return
         dtype, layers, heads, dim = layout
@@ -319,9 +309,7 @@ class FusedInjector:
             base = self._pool_views[dtype] = pool[
                 : pool.numel() // dtype.itemsize * dtype.itemsize
             ].view(dtype)
-        t0 = time.perf_counter()
         info = in_place_info(pieces, spans, dtype)
-        self.timing["info_us"] = (time.perf_counter() - t0) * 1e6
         self._launch(base, base, info, start, tokens, block_ids)
 
     def _launch(
@@ -336,7 +324,6 @@ class FusedInjector:
         if (start + tokens - 1) // self.geometry.block_size >= len(block_ids):
             raise ValueError(f"{len(block_ids)} blocks do not reach position {start + tokens - 1}")
         table = self._stage(info, start, tokens, block_ids)
-        t0 = time.perf_counter()
         cos, sin = self._tables(start + tokens)
         g = self.geometry
         args = (
@@ -379,7 +366,6 @@ class FusedInjector:
             compiled = _inject_kernel[grid](*args, **self._constexprs, num_warps=4)
             if self._direct and self.device.type == "cuda" and isinstance(compiled, CompiledKernel):
                 self._compiled[key] = compiled
-        self.timing["launch_us"] = (time.perf_counter() - t0) * 1e6
 
 
 _DST_SRC_START_END = itemgetter(3, 1, 2)  # of a Piece: (key, src_start, src_end, dst_start)

@@ -1,10 +1,10 @@
-"""Paged KV-cache layouts of vLLM's GPU attention backends, written with plain torch indexing.
+"""Paged KV-cache layouts of vLLM's GPU attention backends, as the fused kernel addresses them.
 
-The connector normally writes through the backend's own ``do_kv_cache_update``. On a GPU, for
-the layouts listed here, a plain ``index_put_`` per layer is an alternative we control (and the
-starting point for fusing all layers into one kernel). Pure torch, no vLLM import, so every
-layout is tested on CPU tensors. Token ``t`` of a request lives in slot
-``block_ids[t // block_size] * block_size + t % block_size``.
+For the layouts listed here the fused injection kernel writes the cache through raw element
+offsets (:func:`cache_geometry`); any other layout is written through the backend's own
+``do_kv_cache_update``. Pure torch, no vLLM import, so every layout is tested on CPU tensors
+(against the plain-indexing reference in ``tests/support/paged_reference.py``). Token ``t`` of
+a request lives in slot ``block_ids[t // block_size] * block_size + t % block_size``.
 
 Layouts (logical shapes; strides may permute them):
 
@@ -57,51 +57,6 @@ def detect_layout(
             " do_kv_cache_update instead"
         )
     return matches[0]
-
-
-def _block_offset(slots: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.div(slots, block_size, rounding_mode="floor"), slots % block_size  # [tokens] x2
-
-
-def scatter_kv(
-    cache: torch.Tensor,  # one layer's paged cache in ``layout``
-    layout: PagedLayout,
-    k: torch.Tensor,  # [tokens, kv_heads, head_dim] post-RoPE, cache dtype
-    v: torch.Tensor,  # [tokens, kv_heads, head_dim]
-    slots: torch.Tensor,  # [tokens] int64
-    block_size: int,
-) -> None:
-    """Write ``k``/``v`` into ``cache`` at ``slots`` (in place)."""
-    blocks, offsets = _block_offset(slots, block_size)
-    head_dim = k.shape[-1]
-    if layout is PagedLayout.FUSED_HEADS:
-        # Advanced indices split by a slice put the token dim first: [tokens, kv_heads, 2 * hd].
-        cache[blocks, :, offsets] = torch.cat([k, v], dim=-1)
-        assert cache.shape[-1] == 2 * head_dim
-    elif layout is PagedLayout.KV_FIRST:
-        cache[0, blocks, offsets] = k  # [tokens, kv_heads, head_dim]
-        cache[1, blocks, offsets] = v
-    elif layout is PagedLayout.BLOCKS_FIRST:
-        cache[blocks, 0, offsets] = k
-        cache[blocks, 1, offsets] = v
-    else:  # pragma: no cover - Enum is closed
-        raise UnknownLayoutError(str(layout))
-
-
-def gather_kv(
-    cache: torch.Tensor, layout: PagedLayout, slots: torch.Tensor, block_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Read back K and V at ``slots``: each [tokens, kv_heads, head_dim]."""
-    blocks, offsets = _block_offset(slots, block_size)
-    if layout is PagedLayout.FUSED_HEADS:
-        both = cache[blocks, :, offsets]  # [tokens, kv_heads, 2 * head_dim]
-        head_dim = both.shape[-1] // 2
-        return both[..., :head_dim], both[..., head_dim:]
-    if layout is PagedLayout.KV_FIRST:
-        return cache[0, blocks, offsets], cache[1, blocks, offsets]
-    if layout is PagedLayout.BLOCKS_FIRST:
-        return cache[blocks, 0, offsets], cache[blocks, 1, offsets]
-    raise UnknownLayoutError(str(layout))  # pragma: no cover
 
 
 @dataclass(frozen=True)

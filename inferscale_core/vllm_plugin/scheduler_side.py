@@ -1,9 +1,13 @@
-"""Scheduler side of the connector: decide, per request, how many prompt tokens to inject."""
+"""Scheduler side of the connector: decide, per request, how many prompt tokens to inject.
+
+It reads only the store's headers (token ids, fingerprint, shape), so it runs wherever vLLM's
+scheduler runs. What happened to each request goes back in its finished output's
+``kv_transfer_params["inferscale_report"]``: loaded tokens, entries, tiers, or why it refused.
+"""
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +30,6 @@ class _RequestState:
     loaded_tokens: int = 0
     computed_before: int = 0
     tiers: dict[str, str] = field(default_factory=dict)  # entry key -> fastest tier holding it
-    timing: dict[str, float] = field(default_factory=dict)  # this side's CPU time on it (us)
 
 
 class InjectionScheduler:
@@ -38,8 +41,9 @@ class InjectionScheduler:
         self.store = store
         self.fingerprint = fingerprint
         self.block_size = block_size
-        # Set when this engine cannot serve injected KV exactly (see connector.injection_refusal):
-        # every memory request is then refused with it, and prefilled in full.
+        # Set when this engine cannot serve injected KV exactly (see connector.injection_refusal
+        # and model_spec.cache_groups_refusal): every memory request is then refused with it,
+        # and prefilled in full.
         self.refusal = refusal
         if refusal is not None:
             log.warning("memory requests will be prefilled, not injected: %s", refusal)
@@ -49,45 +53,33 @@ class InjectionScheduler:
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int, bool]:
-        t0 = time.perf_counter()
         state = self._requests.setdefault(request.request_id, _RequestState())
         state.plan, state.refused = None, None
         state.computed_before = num_computed_tokens
-        timing = state.timing
-        prompt_logprobs = getattr(request.sampling_params, "prompt_logprobs", None) is not None
         if self.refusal is not None and KV_PARAMS_KEY in (request.kv_transfer_params or {}):
             state.refused = self.refusal  # said once, when the engine started
             return 0, False
+        prompt_logprobs = getattr(request.sampling_params, "prompt_logprobs", None) is not None
         try:
-            t1 = time.perf_counter()
-            headers = self.store.header_reader()  # one folder stat for all entries
-            _add(timing, "stat_us", t1)
-            t1 = time.perf_counter()
             plan = plan_load(
                 request.kv_transfer_params,
                 request.prompt_token_ids or [],
                 request.num_tokens,
                 num_computed_tokens,
-                headers,
+                self.store.header_reader(),  # one folder stat for all of the request's entries
                 self.fingerprint,
                 prompt_logprobs=prompt_logprobs,
-                timing=timing,
             )
-            _add(timing, "plan_us", t1)
         except Refused as exc:
             state.refused = str(exc)
             log.warning("request %s: not injecting: %s", request.request_id, exc)
-            _add(timing, "scheduler_us", t0)
             return 0, False
         if plan is None:
             self._requests.pop(request.request_id, None)
             return 0, False
         state.plan = plan
         # Where each entry is now, as this process's store sees it (for the memory panel).
-        t1 = time.perf_counter()
         state.tiers = self.store.fastest_tiers(plan.entry_keys)
-        _add(timing, "tiers_us", t1)
-        _add(timing, "scheduler_us", t0)
         return plan.num_tokens, False
 
     def update_state_after_alloc(
@@ -96,16 +88,14 @@ class InjectionScheduler:
         state = self._requests.get(request.request_id)
         if state is None or state.plan is None or num_external_tokens == 0:
             return
-        t0 = time.perf_counter()
         plan = state.plan
         if num_external_tokens < plan.num_tokens:  # the scheduler took less than offered
             plan = state.plan = plan.truncated(num_external_tokens)
         reach = -(-plan.end // self.block_size)  # the blocks up to the span's end
+        # One KV-cache group (the connector refuses engines with more): its block table.
         block_ids = blocks.get_block_ids()[0][:reach]
         self._ready.append(LoadOp(request.request_id, plan.start, plan.end, plan.pieces, block_ids))
         state.loaded_tokens = plan.num_tokens
-        _add(state.timing, "alloc_us", t0)
-        _add(state.timing, "scheduler_us", t0)
 
     def build_connector_meta(self) -> InjectionMetadata:
         meta = InjectionMetadata(loads=self._ready)
@@ -123,11 +113,5 @@ class InjectionScheduler:
             "entries": state.plan.entry_keys if state.plan else [],
             "refused": state.refused,
             "tiers": state.tiers,
-            "timing": {part: round(us, 1) for part, us in state.timing.items()},
         }
         return False, {"inferscale_report": report}
-
-
-def _add(timing: dict[str, float], part: str, since: float) -> None:
-    """Add the microseconds since ``since`` (a ``perf_counter``) to ``timing[part]``."""
-    timing[part] = timing.get(part, 0.0) + (time.perf_counter() - since) * 1e6

@@ -9,10 +9,14 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferscale_core.composer import ComposedPrompt
 from inferscale_core.types import GenerationResult
+
+if TYPE_CHECKING:
+    from inferscale_core.kvstore import KVStore
+    from inferscale_core.vllm_plugin.worker_side import LoadStats
 
 CONNECTOR_MODULE = "inferscale_core.vllm_plugin.connector"
 CONNECTOR_CLASS = "InferScaleConnector"
@@ -21,7 +25,8 @@ GPU_BLOCK_SIZE = 64  # tokens per KV-cache block on a GPU (see EngineOptions.blo
 
 @dataclass(slots=True)
 class EngineOptions:
-    """How to build the engine. CPU defaults follow DESIGN.md §7 (fp32, eager)."""
+    """How to build the engine. On a CPU: fp32 (bf16 is ~10x slower on AVX2) and eager
+    (the engine starts in ~26 s instead of ~245 s with compilation)."""
 
     model_dir: Path
     store_path: Path
@@ -38,7 +43,7 @@ class EngineOptions:
     # does Python work per block (hashing, allocation, prefix-cache bookkeeping): with 64 instead
     # of 16, injection at k=50 on the H200 went from 3.8-4.3x to 6.1-6.3x prompt injection's
     # speed, on one machine (runs G-J). 256 measured the same as 64 on one machine (runs P, Q)
-    # and caches prompts more coarsely. docs/BENCHMARKS.md.
+    # and caches prompts more coarsely (docs/DESIGN.md, "On the GPU").
     block_size: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # more LLM(...) keyword arguments
     # more connector settings (kv_connector_extra_config), e.g. the store's gpu_bytes/host_bytes
@@ -112,6 +117,31 @@ class VllmEngine:
     @property
     def tokenizer(self) -> Any:
         return self.llm.get_tokenizer()
+
+    def connectors(self) -> tuple[Any, Any]:
+        """``(scheduler side, worker side)`` of the connector, both in this process
+        (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the two :class:`InferScaleConnector` vLLM made."""
+        from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+        core = getattr(self._engine.engine_core, "engine_core", None)  # in-process EngineCore
+        if core is None:
+            raise RuntimeError("the connector lives in other processes: vLLM is not in-process")
+        scheduler = core.scheduler.get_kv_connector()
+        worker = get_kv_transfer_group() if has_kv_transfer_group() else None
+        return scheduler, worker
+
+    def share_store(self, store: KVStore) -> None:
+        """Let the connector serve from ``store``, the app's own in this process: a fact the
+        app just encoded is then injected from host RAM or the GPU pool, not read from disk."""
+        for side in self.connectors():
+            if side is not None:
+                side.use_store(store)
+
+    @property
+    def load_stats(self) -> LoadStats | None:
+        """The worker side's counts of loads (how many, fused, read in place), in-process."""
+        _, worker = self.connectors()
+        return worker.worker.stats if worker is not None and worker.worker else None
 
     @property
     def block_size(self) -> int:
@@ -312,5 +342,4 @@ def _absorb(result: GenerationResult, output: Any, t0: float) -> str:
             result.injected_entries = list(report.get("entries") or [])
             result.refused = report.get("refused")
             result.entry_tiers = dict(report.get("tiers") or {})
-            result.scheduler_timing = dict(report.get("timing") or {})
     return completion.text

@@ -1,0 +1,1 @@
+"""The subcommands of ``inferscale-assistant``: one module each, with ``register(sub)``."""

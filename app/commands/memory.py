@@ -1,0 +1,178 @@
+"""``inferscale-assistant memory list|search|forget|export``: the memory without the UI.
+
+Works on the fact log at ``data_dir()/memory.db`` and the config's profile (``--profile``
+overrides it); no engine is started. ``forget`` removes a fact everywhere the TUI's memory
+browser does: the log (text, embeddings, KV rows, in one transaction) and the KV tensor files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from app.user_config import load_config
+from inferscale_core import paths
+from inferscale_core.factlog import FactLog
+from inferscale_core.types import Fact
+
+FORGET_CAUSE = "forgotten with `inferscale-assistant memory forget`"
+
+
+def _profile(args: argparse.Namespace, console: Console) -> str | None:
+    if args.profile:
+        return args.profile
+    config = load_config(console)
+    return None if config is None else config.profile
+
+
+def facts_table(facts: list[Fact], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("#", justify="right")
+    table.add_column("about")
+    table.add_column("status")
+    table.add_column("memory")
+    for fact in facts:
+        table.add_row(
+            str(fact.id),
+            fact.refers_to.isoformat() if fact.refers_to else "",
+            fact.status,
+            escape(fact.text or "(forgotten)"),
+        )
+    return table
+
+
+def fact_json(fact: Fact) -> dict:
+    return {
+        "id": fact.id,
+        "text": fact.text,
+        "refers_to": fact.refers_to.isoformat() if fact.refers_to else None,
+        "created_at": fact.created_at.isoformat(),
+        "source_turn_ids": fact.source_turn_ids,
+        "supersedes": fact.supersedes,
+    }
+
+
+def run_list(log: FactLog, pid: int, args: argparse.Namespace, console: Console) -> int:
+    statuses = ("active", "superseded", "forgotten") if args.all else ("active",)
+    facts = log.search_facts(pid, getattr(args, "query", ""), statuses, limit=args.limit)
+    if args.json:
+        print(json.dumps([dict(fact_json(f), status=f.status) for f in facts], indent=2))
+        return 0
+    what = f"memories matching {args.query!r}" if getattr(args, "query", "") else "memories"
+    Console().print(facts_table(facts, f"{len(facts)} {what} (newest first)"))
+    return 0
+
+
+def run_forget(log: FactLog, pid: int, args: argparse.Namespace, console: Console) -> int:
+    facts = []
+    for fact_id in args.ids:
+        fact = log.get_fact(fact_id)
+        if fact is None or fact.profile_id != pid:
+            console.print(f"[red]error:[/red] no memory #{fact_id} in this profile")
+            return 1
+        facts.append(fact)
+    active = [f for f in facts if f.status != "forgotten"]
+    if not active:
+        console.print("nothing to forget: already forgotten")
+        return 0
+    Console().print(facts_table(active, "to forget"))
+    if not args.yes:
+        if not sys.stdin.isatty():
+            console.print("[red]error:[/red] not a terminal: pass --yes to confirm")
+            return 2
+        answer = console.input("Forget these memories for good? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            console.print("nothing forgotten")
+            return 1
+    from inferscale_core.kvstore import KVStore
+
+    stores: dict[str, KVStore] = {}
+    for fact in active:
+        entries = log.kv_keys_by_model(fact.id)
+        log.forget_fact(fact.id, FORGET_CAUSE)
+        for fingerprint, location in entries:
+            if fingerprint not in stores:
+                stores[fingerprint] = KVStore(paths.kv_dir() / fingerprint)
+            stores[fingerprint].delete(location)
+        console.print(f"forgot #{fact.id} ({len(entries)} KV entries deleted)")
+    return 0
+
+
+def run_export(log: FactLog, pid: int, args: argparse.Namespace, console: Console) -> int:
+    data = {
+        "profile": args.profile_name,
+        "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "facts": [fact_json(f) for f in sorted(log.active_facts(pid), key=lambda f: f.id)],
+    }
+    text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    out = Path(args.output).expanduser()
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # memories are private
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    console.print(f"wrote {len(data['facts'])} memories to {out}")
+    return 0
+
+
+def _run(args: argparse.Namespace, console: Console) -> int:
+    profile = _profile(args, console)
+    if profile is None:
+        return 2
+    args.profile_name = profile
+    with FactLog.open(paths.memory_db()) as log:
+        return args.action(log, log.profile(profile), args, console)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    memory = sub.add_parser(
+        "memory",
+        help="list, search, forget or export memories (no engine needed)",
+        description="The long-term memory, without the UI. Forgetting removes a memory from"
+        " the log, its search embedding and every stored KV tensor; the audit keeps a record.",
+    )
+    memory.add_argument("--profile", help="whose memory (default: the config's profile)")
+    actions = memory.add_subparsers(dest="memory_command", metavar="ACTION", required=True)
+
+    def common(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--all", action="store_true", help="include forgotten and replaced")
+        parser.add_argument("--limit", type=int, default=100, help="at most this many (100)")
+        parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    lst = actions.add_parser("list", help="the newest memories", description="List memories.")
+    common(lst)
+    lst.set_defaults(func=_run, action=run_list)
+    search = actions.add_parser(
+        "search",
+        help="memories whose text contains QUERY",
+        description="List memories whose text contains QUERY (case-insensitive).",
+    )
+    search.add_argument("query", help="text to look for")
+    common(search)
+    search.set_defaults(func=_run, action=run_list)
+    forget = actions.add_parser(
+        "forget",
+        help="forget memories by id (asks first)",
+        description="Forget memories for good: text, embedding and KV tensors are deleted and"
+        " the memory is never injected again. Ids are shown by `memory list`.",
+    )
+    forget.add_argument("ids", type=int, nargs="+", metavar="ID", help="memory id(s)")
+    forget.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    forget.set_defaults(func=_run, action=run_forget)
+    export = actions.add_parser(
+        "export",
+        help="the active memories as JSON",
+        description="Write the active memories as JSON: {profile, exported_at, facts: [{id,"
+        " text, refers_to, created_at, source_turn_ids, supersedes}]}.",
+    )
+    export.add_argument("-o", "--output", help="write to this file (mode 600) instead of stdout")
+    export.set_defaults(func=_run, action=run_export)

@@ -1,0 +1,118 @@
+"""Settings: model, k, w, GPU pool, profile, extractor; saved to the TOML config file."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
+
+from app.tui.widgets.status import StatusBar
+from inferscale_core.config import EXTRACTORS, AppConfig, ConfigError, save
+
+#: Settings that only take effect when the assistant starts again (k applies at once).
+RESTART_KEYS = ("model", "w", "gpu_pool_gib", "profile", "extractor")
+
+FIELDS = (
+    ("model", "Model folder: a local Hugging Face folder, empty = the embedded SmolLM2 (restart)"),
+    ("k", "k: memories retrieved per reply (from the next reply)"),
+    ("w", "w: context turns each memory is encoded with (restart; re-encodes)"),
+    ("gpu_pool_gib", "GPU pool budget for the KV store, GiB; 0 = no device tier (restart)"),
+    ("profile", "Profile: whose memory (restart)"),
+)
+
+
+def parse_form(values: dict[str, str], extractor: str) -> AppConfig:
+    """An :class:`AppConfig` from the form's text, or :class:`ConfigError` saying what's wrong."""
+
+    def number(name: str, kind: type) -> int | float:
+        text = values[name].strip()
+        try:
+            return kind(text)
+        except ValueError:
+            what = "a whole number" if kind is int else "a number"
+            raise ConfigError(f"{name} must be {what}, got {text!r}") from None
+
+    return AppConfig(
+        model=values["model"].strip() or None,
+        k=number("k", int),
+        w=number("w", int),
+        gpu_pool_gib=number("gpu_pool_gib", float),
+        profile=values["profile"].strip(),
+        extractor=extractor,
+    )
+
+
+class SettingsScreen(Screen):
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("ctrl+s", "save", "Save"),
+    ]
+
+    def __init__(self, config: AppConfig, path: Path) -> None:
+        super().__init__(id="settings")
+        self.config = config
+        self.path = Path(path)
+
+    def compose(self):
+        yield Header()
+        with VerticalScroll(id="settings-form"):
+            for name, label in FIELDS:
+                value = getattr(self.config, name)
+                yield Label(label, classes="field-label")
+                yield Input("" if value is None else str(value), id=f"set-{name}", compact=True)
+            yield Label(
+                "Fact extractor: auto = rules for the embedded model, the LLM otherwise (restart)",
+                classes="field-label",
+            )
+            yield Select(
+                [(e, e) for e in EXTRACTORS],
+                value=self.config.extractor,
+                allow_blank=False,
+                compact=True,
+                id="set-extractor",
+            )
+            yield Label("", id="settings-error", markup=False)
+            with Horizontal(id="settings-buttons"):
+                yield Button("Save (Ctrl+S)", id="save", variant="primary")
+                yield Button("Cancel (Esc)", id="cancel")
+            yield Static(f"Saved to {self.path}", classes="dim", markup=False)
+        yield StatusBar()
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#set-model").focus()
+
+    async def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        if event.button.id == "save":
+            await self.action_save()
+        else:
+            self.app.pop_screen()
+
+    async def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        await self.action_save()
+
+    async def action_save(self) -> None:
+        values = {name: self.query_one(f"#set-{name}", Input).value for name, _ in FIELDS}
+        extractor = str(self.query_one("#set-extractor", Select).value)
+        error = self.query_one("#settings-error", Label)
+        try:
+            new = parse_form(values, extractor)
+        except ConfigError as exc:
+            error.update(str(exc))
+            return
+        try:
+            await asyncio.to_thread(save, new, self.path)
+        except OSError as exc:
+            error.update(f"could not save {self.path}: {exc}")
+            return
+        later = [k for k in RESTART_KEYS if getattr(new, k) != getattr(self.config, k)]
+        self.app.apply_config(new)
+        note = f" {', '.join(later)}: at the next start." if later else ""
+        self.notify(f"Settings saved. k applies to the next reply.{note}")
+        self.app.pop_screen()

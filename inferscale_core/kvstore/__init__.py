@@ -1,0 +1,27 @@
+"""The KV store: per-entry pre-RoPE K/V files on disk, cached in host RAM and a device pool.
+
+``store`` holds :class:`KVStore`; ``tiers`` the memory tiers it manages; ``entry_file`` the
+on-disk format every process reads (the contract between the encoder and vLLM's connector).
+"""
+
+from inferscale_core.kvstore.entry_file import (
+    EntryHeader,
+    EntryMissingError,
+    FingerprintMismatchError,
+)
+from inferscale_core.kvstore.store import (
+    KVStore,
+    PrefetchReport,
+    StoreStats,
+    TierStats,
+)
+
+__all__ = [
+    "EntryHeader",
+    "EntryMissingError",
+    "FingerprintMismatchError",
+    "KVStore",
+    "PrefetchReport",
+    "StoreStats",
+    "TierStats",
+]

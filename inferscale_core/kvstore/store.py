@@ -1,0 +1,442 @@
+"""Tiered store of pre-RoPE KV entries: device pool → host RAM → disk (one file each).
+
+The files (:mod:`~inferscale_core.kvstore.entry_file`) are the durable copy and the contract
+between processes: the vLLM connector opens a store from a plain path in each process it runs
+in. In one process (the desktop app) the app hands its own store to the connector, so both share
+the memory tiers; the store itself is always passed in, never looked up.
+
+Memory tiers (:mod:`inferscale_core.kvstore.tiers`) are LRU caches with byte budgets: host RAM
+(pinned when CUDA is present) and, when a device is given, one preallocated device pool.
+``get`` serves from the fastest tier holding an entry; ``prefetch`` moves a set of entries to the
+fastest tier before an injection. One lock guards the bookkeeping; file I/O happens outside it,
+and a per-key version keeps a read that raced a ``put``/``delete`` from caching stale data.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from inferscale_core.files import fsync_dir
+from inferscale_core.kvstore.entry_file import (
+    SUFFIX,
+    EntryHeader,
+    EntryMissingError,
+    FingerprintMismatchError,
+    header_of,
+    read_entry,
+    read_header,
+    sweep_temp_files,
+    write_entry,
+)
+from inferscale_core.kvstore.tiers import (
+    DeviceTier,
+    EntryLayout,
+    HostTier,
+    PrefetchReport,
+    StoreStats,
+    TierStats,
+    to_host,
+)
+from inferscale_core.types import FactKV
+
+_RACY_NS = 200_000_000  # a folder mtime this recent may not show a change made in its tick
+
+
+class KVStore:
+    """Entries in ``root/<key>.safetensors``, cached in host RAM and an optional device pool.
+
+    Args:
+        root: folder of the entry files (created if needed).
+        host_bytes: byte budget of the host-RAM tier.
+        gpu_bytes: size of the device pool; 0 means no device tier.
+        device: where the pool lives. None picks ``"cuda"`` when CUDA is available and leaves the
+            tier out otherwise; tests pass ``"cpu"`` to run the device tier's logic on CPU.
+        fingerprint: model fingerprint every read is checked against (and every write).
+        pin_host: pin host-tier tensors; None pins when CUDA is available.
+    """
+
+    def __init__(
+        self,
+        root: Path | str,
+        host_bytes: int = 1 << 30,
+        *,
+        gpu_bytes: int = 0,
+        device: torch.device | str | None = None,
+        fingerprint: str | None = None,
+        pin_host: bool | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self._root_str = str(self.root)
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.fingerprint = fingerprint
+        pin = torch.cuda.is_available() if pin_host is None else pin_host
+        self.host_tier = HostTier(host_bytes, pin)
+        self.device_tier = _device_tier(gpu_bytes, device)
+        self._headers: dict[str, EntryHeader] = {}
+        self._seen_at: dict[str, int] = {}  # key -> folder mtime when its file was last seen
+        self._versions: dict[str, int] = {}  # bumped by every put/delete of the key
+        self._clock = itertools.count(1)
+        self._hits: Counter[str] = Counter()
+        self._misses = 0
+        self._lock = threading.Lock()
+        sweep_temp_files(self.root)
+
+    def path(self, key: str) -> Path:
+        return Path(self._file(key))
+
+    def _file(self, key: str) -> str:
+        """The entry's file as a string (the scheduler checks ~50 per request: no pathlib)."""
+        if not key or "/" in key or "\\" in key or key[0] == ".":
+            raise ValueError(f"invalid entry key {key!r}")
+        return f"{self._root_str}/{key}{SUFFIX}"
+
+    # ---- writes ----
+    def put(self, entry: FactKV) -> Path:
+        """Write an entry durably and keep it in host RAM; replaces an entry with the same key."""
+        target = self.path(entry.key)
+        if self.fingerprint is not None and entry.fingerprint != self.fingerprint:
+            raise FingerprintMismatchError(entry.key, entry.fingerprint, self.fingerprint)
+        header = header_of(entry)
+        with self._lock:
+            version = self._invalidate(entry.key)
+        write_entry(target, entry)
+        hosted = to_host(entry, self.host_tier.pin)  # write-through: the injection right after
+        with self._lock:
+            if self._versions.get(entry.key) == version:  # no put/delete of it since
+                self._headers[entry.key] = header
+                self.host_tier.put(hosted)
+        return target
+
+    def delete(self, key: str) -> bool:
+        """Forget an entry: every tier at once, then the file. True if a file was removed."""
+        path = self.path(key)
+        with self._lock:
+            self._invalidate(key)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        fsync_dir(self.root)  # a forgotten entry must not come back after a crash
+        return True
+
+    # ---- reads ----
+    def has(self, key: str) -> bool:
+        return os.path.exists(self._file(key))
+
+    def fastest_tier(self, key: str) -> str:
+        """Where a read of ``key`` would be served from now: "device", "host" or "disk"."""
+        return self.fastest_tiers([key])[key]
+
+    def fastest_tiers(self, keys: Iterable[str]) -> dict[str, str]:
+        """:meth:`fastest_tier` of each key, under one lock (the scheduler asks for ~50 keys
+        per request; when all are in the device pool, as they are in the steady state, the
+        answer is made in C)."""
+        device, host = self.device_tier, self.host_tier
+        keys = list(keys)
+        with self._lock:
+            if device is not None and device.holds_all(keys):
+                return dict.fromkeys(keys, "device")
+            return {
+                key: "device"
+                if device is not None and key in device
+                else "host"
+                if key in host
+                else "disk"
+                for key in keys
+            }
+
+    def keys(self) -> list[str]:
+        return sorted(p.stem for p in self.root.glob(f"*{SUFFIX}") if not p.name.startswith("."))
+
+    def header(self, key: str) -> EntryHeader:
+        """The entry's header; a cached one is checked against the file (another process may
+        have deleted it), so the scheduler refuses forgotten entries."""
+        file = self._file(key)
+        with self._lock:
+            cached = self._headers.get(key)
+            version = self._versions.get(key, 0)
+        if cached is not None:
+            if os.path.exists(file):
+                return cached
+            with self._lock:
+                if self._versions.get(key, 0) == version:
+                    self._invalidate(key)
+            raise EntryMissingError(key)
+        header = read_header(key, Path(file))
+        with self._lock:
+            if self._versions.get(key, 0) == version:
+                self._headers[key] = header
+        return header
+
+    def header_reader(self) -> Callable[[Sequence[str]], list[EntryHeader]]:
+        """:meth:`header` for the keys of one request, in order, statting the folder once
+        instead of every cached entry's file, under one lock for the cached ones.
+
+        A cached header whose file was seen while the folder's mtime was M is trusted while the
+        mtime still is M: deleting a file (another process forgetting a fact) changes it. An
+        mtime younger than ``_RACY_NS`` is never trusted, since a change within the same
+        clock tick would leave it as it was (git's "racily clean" rule). Raises
+        :class:`EntryMissingError` for the first key that is gone.
+        """
+        try:
+            folder: int | None = os.stat(self._root_str).st_mtime_ns
+        except OSError:  # the folder is gone: nothing is trusted, every read says so
+            folder = None
+        stamp = folder if folder is not None and time.time_ns() - folder > _RACY_NS else None
+
+        def read(keys: Sequence[str]) -> list[EntryHeader]:
+            # C-level passes over the keys (~50 a request, inside vLLM's step).
+            if stamp is not None:
+                with self._lock:
+                    cached = list(map(self._headers.get, keys))
+                    seen = list(map(self._seen_at.get, keys))
+                if all(cached) and seen.count(stamp) == len(keys):  # a header is always true
+                    return cached  # type: ignore[return-value]
+                found = [h if at == stamp else None for h, at in zip(cached, seen, strict=True)]
+            else:
+                found = [None] * len(keys)
+            out = []
+            for key, header in zip(keys, found, strict=True):
+                if header is None:
+                    header = self.header(key)  # the file existed after the folder was statted
+                    if stamp is not None:
+                        with self._lock:
+                            self._seen_at[key] = stamp
+                out.append(header)
+            return out
+
+        return read
+
+    def get(self, key: str, fingerprint: str | None = None) -> FactKV:
+        """The entry from the fastest tier holding it (which marks it recently used).
+
+        An entry read from disk is kept in host RAM; only :meth:`prefetch` moves entries to the
+        device pool (so entries returned by a series of ``get`` never evict one another).
+        Raises :class:`FingerprintMismatchError` if the entry belongs to another model than
+        ``fingerprint`` (default: the store's own fingerprint, if it has one).
+        """
+        expected = fingerprint or self.fingerprint
+        self.path(key)
+        with self._lock:
+            entry, tier = self._lookup(key)
+            if entry is not None:
+                self._hits[tier] += 1
+            version = self._versions.get(key, 0)
+        if entry is None:
+            try:
+                entry = to_host(self._read(key), self.host_tier.pin)
+            except EntryMissingError:
+                with self._lock:
+                    self._misses += 1
+                raise
+            with self._lock:
+                self._hits["disk"] += 1
+                if self._versions.get(key, 0) == version:
+                    self.host_tier.put(entry)
+        if expected is not None and entry.fingerprint != expected:
+            raise FingerprintMismatchError(key, entry.fingerprint, expected)
+        return entry
+
+    def get_many(self, keys: Sequence[str], fingerprint: str | None = None) -> list[FactKV]:
+        """``[get(key) for key in keys]``, with one lock for all entries held in memory (the
+        connector reads ~50 per request); entries on disk only are read as :meth:`get` does."""
+        expected = fingerprint or self.fingerprint
+        found: list[FactKV | None] = []
+        with self._lock:
+            for key in keys:
+                entry, tier = self._lookup(key)
+                if entry is not None:
+                    self._hits[tier] += 1
+                found.append(entry)
+        out = []
+        for key, entry in zip(keys, found, strict=True):
+            if entry is None:
+                entry = self.get(key, fingerprint)
+            elif expected is not None and entry.fingerprint != expected:
+                raise FingerprintMismatchError(key, entry.fingerprint, expected)
+            out.append(entry)
+        return out
+
+    def device_spans(
+        self, keys: Sequence[str]
+    ) -> tuple[torch.Tensor, np.ndarray, EntryLayout] | None:
+        """Where ``keys`` sit in the device pool, for the load kernel to read them in place
+        (see :meth:`DeviceTier.spans`); None unless all are there, with one layout and this
+        store's fingerprint (then :meth:`get_many` serves them, or says what is wrong)."""
+        if self.device_tier is None:
+            return None
+        with self._lock:
+            found = self.device_tier.spans(keys, self.fingerprint)
+            if found is not None:
+                self._hits["device"] += len(keys)
+        return found
+
+    def prefetch(self, keys: Iterable[str]) -> PrefetchReport:
+        """Move ``keys`` to the fastest tier before an injection; missing keys are reported.
+
+        On CUDA the copies run on a side stream; a later ``get`` on the current stream waits
+        for them. Entries of this call are never evicted by one another: if they do not all
+        fit, the rest stay in (and are served from) a slower tier.
+        """
+        wanted = list(dict.fromkeys(keys))
+        device = self.device_tier
+        report = PrefetchReport("device" if device is not None else "host")
+        if device is not None:
+            with self._lock:  # the common case, once per request: all already in the pool
+                if all(key in device for key in wanted):  # keys checked when they were put
+                    for key in wanted:
+                        device.touch(key)
+                    report.already = len(wanted)
+                    return report
+        for key in wanted:
+            self._file(key)  # validates the key
+        with self._lock:
+            versions = {key: self._versions.get(key, 0) for key in wanted}
+            from_disk = [
+                k for k in wanted if k not in self.host_tier and (device is None or k not in device)
+            ]
+        loaded: dict[str, FactKV] = {}
+        for key in from_disk:  # file reads, outside the lock
+            try:
+                loaded[key] = to_host(self._read(key), self.host_tier.pin)
+            except EntryMissingError:
+                report.missing.append(key)
+        with self._lock:
+            for key, entry in loaded.items():
+                if self._versions.get(key, 0) == versions[key]:
+                    self.host_tier.put(entry)
+            if device is None:
+                if loaded:
+                    report.moved["disk"] = sum(e.nbytes for e in loaded.values())
+                report.already = len(wanted) - len(from_disk)
+                for key in wanted:
+                    self.host_tier.get(key)  # most recently used, in request order
+                return report
+            keep = {key for key in wanted if key in device}
+            for key in wanted:
+                if key in device:
+                    device.touch(key)
+                    report.already += 1
+                    continue
+                hosted = self.host_tier.get(key)  # also marks it recently used there
+                source, entry = ("disk", loaded[key]) if key in loaded else ("host", hosted)
+                if entry is None or self._versions.get(key, 0) != versions[key]:
+                    continue  # missing, or deleted/replaced meanwhile
+                if device.place(entry, keep, self._demote):
+                    keep.add(key)
+                    report.moved[source] = report.moved.get(source, 0) + entry.nbytes
+                else:
+                    report.skipped.append(key)
+        return report
+
+    def where(self, key: str) -> list[str]:
+        """The tiers holding ``key``, fastest first (for tests and diagnostics)."""
+        with self._lock:
+            tiers = [
+                name
+                for name, tier in (("device", self.device_tier), ("host", self.host_tier))
+                if tier is not None and key in tier
+            ]
+        return [*tiers, "disk"] if self.has(key) else tiers
+
+    def demote(self, keys: Iterable[str], to: str, pin: bool | None = None) -> int:
+        """Leave ``keys`` in tier ``to`` and the slower ones only (benchmarks of the tiers).
+
+        ``to="disk"`` drops their memory copies (the files stay); ``to="host"`` drops their
+        device copies and holds them in host RAM, pinned if ``pin`` (default: the host tier's
+        own setting; pinning needs CUDA). Returns the entries' K+V bytes.
+        """
+        if to not in ("host", "disk"):
+            raise ValueError(f"demote to 'host' or 'disk', not {to!r}")
+        wanted = list(dict.fromkeys(keys))
+        with self._lock:
+            for key in wanted:
+                if self.device_tier is not None:
+                    self.device_tier.remove(key)
+                if to == "disk":
+                    self.host_tier.pop(key)
+        if to == "host":
+            pin = self.host_tier.pin if pin is None else pin
+            for key in wanted:
+                entry = self.get(key)  # from host RAM, or read into it
+                if entry.k.is_pinned() != pin:
+                    with self._lock:
+                        self.host_tier.put(to_host(entry, pin, copy=True))
+        return sum(self.header(key).nbytes for key in wanted)
+
+    def stats(self) -> StoreStats:
+        """Bytes and entries per tier, hits per tier, bytes per token and per fact."""
+        file_bytes, payload, tokens, entries = 0, 0, 0, 0
+        for key in self.keys():
+            try:
+                header = self.header(key)
+                file_bytes += self.path(key).stat().st_size
+            except (EntryMissingError, FileNotFoundError):
+                continue  # deleted meanwhile
+            entries += 1
+            payload += header.nbytes
+            tokens += len(header.token_ids)
+        tiers: dict[str, TierStats] = {}
+        with self._lock:
+            dev = self.device_tier
+            if dev is not None:
+                tiers["device"] = TierStats(len(dev), dev.used, dev.budget, self._hits["device"])
+            host = self.host_tier
+            tiers["host"] = TierStats(len(host), host.used, host.budget, self._hits["host"])
+            tiers["disk"] = TierStats(entries, file_bytes, None, self._hits["disk"])
+            misses = self._misses
+        return StoreStats(
+            tiers,
+            misses,
+            tokens,
+            payload / tokens if tokens else 0.0,
+            payload / entries if entries else 0.0,
+        )
+
+    # ---- helpers (the ones ending in _locked / called under the lock say so) ----
+    def _lookup(self, key: str) -> tuple[FactKV | None, str]:
+        """Under the lock: the entry from the fastest memory tier holding it."""
+        if self.device_tier is not None:
+            entry = self.device_tier.get(key)
+            if entry is not None:
+                return entry, "device"
+        return self.host_tier.get(key), "host"
+
+    def _invalidate(self, key: str) -> int:
+        """Under the lock: drop ``key`` from every memory tier; returns its new version."""
+        version = self._versions[key] = next(self._clock)
+        self._headers.pop(key, None)
+        self._seen_at.pop(key, None)
+        self.host_tier.pop(key)
+        if self.device_tier is not None:
+            self.device_tier.remove(key)
+        return version
+
+    def _demote(self, key: str, views: FactKV) -> None:
+        """Under the lock: an entry leaving the device pool goes to host RAM (copied out)."""
+        if key not in self.host_tier:
+            self.host_tier.put(to_host(views, self.host_tier.pin, copy=True))
+
+    def _read(self, key: str) -> FactKV:
+        return read_entry(self.header(key), self.path(key))
+
+
+def _device_tier(gpu_bytes: int, device: torch.device | str | None) -> DeviceTier | None:
+    if gpu_bytes <= 0:
+        return None
+    if device is None:
+        if not torch.cuda.is_available():
+            return None  # on CPU the device tier is simply absent
+        device = "cuda"
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for the KV pool, but CUDA is not available")
+    return DeviceTier(gpu_bytes, device)

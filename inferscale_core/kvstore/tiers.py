@@ -1,0 +1,351 @@
+"""The memory tiers of the KV store: a device pool and host RAM, each an LRU with a byte budget.
+
+Pure bookkeeping and copies, no files and no locks: :class:`inferscale_core.kvstore.KVStore`
+owns the lock and the disk tier, and calls these with it held.
+
+The device tier is ONE preallocated byte buffer carved into per-entry regions by a first-fit
+extent allocator. It takes its device as a parameter, so its logic runs on CPU in the tests
+(``device="cpu"``); on CUDA its copies go on a side stream and readers wait on an event.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import chain
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+import torch
+
+from inferscale_core.types import FactKV
+
+
+@dataclass(frozen=True, slots=True)
+class TierStats:
+    entries: int
+    bytes: int  # device: reserved regions; host: tensor bytes; disk: file sizes
+    budget: int | None  # None: unbounded (disk)
+    hits: int  # get() calls served by this tier
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    tiers: dict[str, TierStats]  # "device" (when present), "host", "disk"; fastest first
+    misses: int  # get() calls for an entry that does not exist
+    tokens: int  # tokens of all entries on disk
+    bytes_per_token: float  # K+V bytes one token takes (layers * 2 * kv_heads * head_dim * dtype)
+    mean_bytes_per_fact: float  # mean K+V bytes of an entry
+
+
+@dataclass(slots=True)
+class PrefetchReport:
+    tier: str  # the fastest tier, where the entries were moved
+    moved: dict[str, int] = field(default_factory=dict)  # bytes copied in, by source tier
+    already: int = 0  # entries that were in the fastest tier already
+    missing: list[str] = field(default_factory=list)  # no such entry
+    skipped: list[str] = field(default_factory=list)  # could not fit the fastest tier
+
+
+def to_host(entry: FactKV, pin: bool, copy: bool = False) -> FactKV:
+    """``entry`` with its tensors in host RAM: pinned if ``pin``, a fresh copy if ``copy``."""
+    k, v = _host_tensor(entry.k, pin, copy), _host_tensor(entry.v, pin, copy)
+    if k is entry.k and v is entry.v:
+        return entry
+    return FactKV(entry.key, list(entry.token_ids), k, v, entry.fingerprint)
+
+
+def _host_tensor(t: torch.Tensor, pin: bool, copy: bool) -> torch.Tensor:
+    if t.device.type == "cpu" and not copy and (not pin or t.is_pinned()):
+        return t
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=pin)  # pinning needs CUDA: caller guards
+    out.copy_(t)
+    return out
+
+
+class HostTier:
+    """A byte-budgeted LRU of entries in host RAM. Eviction drops (the disk copy is durable)."""
+
+    def __init__(self, budget: int, pin: bool) -> None:
+        self.budget = budget
+        self.pin = pin
+        self.used = 0  # sum of the held entries' nbytes
+        self._entries: OrderedDict[str, FactKV] = OrderedDict()  # LRU first
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def keys(self) -> list[str]:
+        """Held keys, least recently used first."""
+        return list(self._entries)
+
+    def get(self, key: str) -> FactKV | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def put(self, entry: FactKV) -> list[str]:
+        """Hold ``entry`` (already in host RAM, see :func:`to_host`); returns the evicted keys."""
+        self.pop(entry.key)
+        if entry.nbytes > self.budget:
+            return []  # bigger than the tier: served from the next one
+        self._entries[entry.key] = entry
+        self.used += entry.nbytes
+        evicted = []
+        while self.used > self.budget:
+            key, old = self._entries.popitem(last=False)
+            self.used -= old.nbytes
+            evicted.append(key)
+        return evicted
+
+    def pop(self, key: str) -> FactKV | None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.used -= old.nbytes
+        return old
+
+
+class ExtentAllocator:
+    """First-fit allocation of aligned byte ranges in ``[0, capacity)``; frees coalesce."""
+
+    def __init__(self, capacity: int, align: int = 256) -> None:
+        self.align = align
+        self.capacity = capacity - capacity % align
+        self._starts: list[int] = [0] if self.capacity else []  # free extents, sorted
+        self._sizes: list[int] = [self.capacity] if self.capacity else []
+
+    def round(self, nbytes: int) -> int:
+        return max(self.align, -(-nbytes // self.align) * self.align)
+
+    @property
+    def free_bytes(self) -> int:
+        return sum(self._sizes)
+
+    def alloc(self, nbytes: int) -> int | None:
+        """Offset of a free region of ``round(nbytes)`` bytes, or None if none is big enough."""
+        size = self.round(nbytes)
+        for i, free in enumerate(self._sizes):
+            if free >= size:
+                offset = self._starts[i]
+                if free == size:
+                    del self._starts[i], self._sizes[i]
+                else:
+                    self._starts[i] += size
+                    self._sizes[i] -= size
+                return offset
+        return None
+
+    def free(self, offset: int, nbytes: int) -> None:
+        size = self.round(nbytes)
+        i = bisect.bisect_left(self._starts, offset)
+        prev_end = self._starts[i - 1] + self._sizes[i - 1] if i > 0 else None
+        next_start = self._starts[i] if i < len(self._starts) else None
+        if (prev_end is not None and prev_end > offset) or (
+            next_start is not None and offset + size > next_start
+        ):
+            raise ValueError(f"double free or overlap at [{offset}, {offset + size})")
+        if prev_end == offset:  # merge with the extent before
+            i -= 1
+            self._sizes[i] += size
+        else:
+            self._starts.insert(i, offset)
+            self._sizes.insert(i, size)
+        nxt = i + 1
+        if nxt < len(self._starts) and self._starts[i] + self._sizes[i] == self._starts[nxt]:
+            self._sizes[i] += self._sizes[nxt]
+            del self._starts[nxt], self._sizes[nxt]
+
+
+# What a kernel needs to know to read an entry in place: (dtype, layers, kv_heads, head_dim).
+EntryLayout = tuple[torch.dtype, int, int, int]
+
+
+@dataclass(slots=True)
+class _Resident:
+    entry: FactKV  # k, v are views into the pool
+    offset: int  # byte offset of K in the pool
+    size: int  # bytes reserved, aligned
+    v_offset: int  # byte offset of V in the pool
+    tokens: int  # kept as a number: spans() reads it for every entry of every request
+    layout: EntryLayout | None  # None: K and V differ in shape or dtype
+    ready: Any = None  # torch.cuda.Event while the copy into the pool may be in flight
+
+
+Demote = Callable[[str, FactKV], None]
+_LAYOUT = attrgetter("layout")
+_FINGERPRINT = attrgetter("entry.fingerprint")
+_SPAN_ROW = attrgetter("offset", "v_offset", "tokens")
+
+
+class DeviceTier:
+    """Entries in one preallocated ``budget``-byte buffer on ``device``, LRU-evicted.
+
+    The buffer is allocated on first placement, so a process that only reads headers (vLLM's
+    scheduler) never holds device memory. Each entry gets one region: K then V, each aligned.
+    Returned tensors are views into the pool: valid until the entry leaves the tier (eviction
+    in a later :meth:`place`, or removal). Readers on the current stream are safe, because
+    copies into the pool first wait for the current stream.
+    """
+
+    def __init__(self, budget: int, device: torch.device | str, align: int = 256) -> None:
+        self.device = torch.device(device)
+        self.allocator = ExtentAllocator(budget, align)
+        self.budget = self.allocator.capacity
+        self.used = 0  # bytes reserved by resident entries
+        self._pool: torch.Tensor | None = None  # [budget] uint8
+        self._stream: Any = None  # torch.cuda.Stream for copies in, on CUDA
+        self._entries: OrderedDict[str, _Resident] = OrderedDict()  # LRU first
+        self._copying: set[str] = set()  # keys whose copy in may still be running
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def keys(self) -> list[str]:
+        """Held keys, least recently used first."""
+        return list(self._entries)
+
+    def holds_all(self, keys: Sequence[str]) -> bool:
+        """Whether every key is resident (in C: the scheduler asks for every request)."""
+        return all(map(self._entries.__contains__, keys))
+
+    def region_size(self, entry: FactKV) -> int:
+        return self.allocator.round(_nbytes(entry.k)) + self.allocator.round(_nbytes(entry.v))
+
+    def get(self, key: str) -> FactKV | None:
+        """The entry's views, ordered after its copy in on the current stream."""
+        res = self._entries.get(key)
+        if res is None:
+            return None
+        self._use(key, res)
+        return res.entry
+
+    def _use(self, key: str, res: _Resident) -> None:
+        """Mark ``key`` recently used, and order its copy in before the current stream's next
+        work."""
+        self._entries.move_to_end(key)
+        if res.ready is not None:
+            self._order_copy(key, res)
+
+    def _order_copy(self, key: str, res: _Resident) -> None:
+        """Make the current stream's next work wait for ``key``'s copy in, unless it is done."""
+        if res.ready.query():
+            res.ready = None
+            self._copying.discard(key)
+        else:
+            torch.cuda.current_stream(self.device).wait_event(res.ready)
+
+    def spans(
+        self, keys: Sequence[str], fingerprint: str | None = None
+    ) -> tuple[torch.Tensor, np.ndarray, EntryLayout] | None:
+        """Where the entries sit in the pool, for a kernel that reads them in place: the pool,
+        int64 [len(keys), 3] rows ``(K byte offset, V byte offset, tokens)`` and the layout
+        they share. Marks them recently used and orders their copies in before the current
+        stream's next work. None unless every key is resident with one layout (and
+        ``fingerprint``, if given): then read the views with :meth:`get`.
+
+        This runs for every request, ~50 keys, inside vLLM's step: every pass over the keys is
+        a C-level ``map`` (a Python loop over them cost ~2 us a key there)."""
+        entries = self._entries
+        found = list(map(entries.get, keys))
+        if self._pool is None or not found or not all(found):  # a _Resident is always true
+            return None
+        layout = found[0].layout
+        if layout is None or list(map(_LAYOUT, found)).count(layout) != len(found):
+            return None
+        if fingerprint is not None and (
+            list(map(_FINGERPRINT, found)).count(fingerprint) != len(found)
+        ):
+            return None
+        deque(map(entries.move_to_end, keys), maxlen=0)  # most recently used, in order
+        if self._copying:
+            for key in self._copying.intersection(keys):
+                self._order_copy(key, entries[key])
+        rows = np.fromiter(chain.from_iterable(map(_SPAN_ROW, found)), np.int64, 3 * len(found))
+        return self._pool, rows.reshape(len(found), 3), layout
+
+    def touch(self, key: str) -> None:
+        self._entries.move_to_end(key)
+
+    def place(self, entry: FactKV, keep: set[str], demote: Demote) -> bool:
+        """Copy ``entry`` in, evicting least recently used entries not in ``keep``.
+
+        Each victim goes to ``demote(key, views)`` before its region is reused. False if the
+        entry cannot fit (bigger than the tier, or the tier is full of ``keep``).
+        """
+        size = self.region_size(entry)
+        self.remove(entry.key)
+        kept = sum(self._entries[k].size for k in keep if k in self._entries)
+        if size > self.allocator.free_bytes + self.used - kept:  # used - kept: evictable
+            return False
+        while (offset := self.allocator.alloc(size)) is None:
+            victim = next((k for k in self._entries if k not in keep), None)
+            if victim is None:  # fragmented by the kept regions
+                return False
+            res = self._entries[victim]
+            if res.ready is not None:
+                res.ready.synchronize()
+            demote(victim, res.entry)
+            self.remove(victim)
+        pool = self._ensure_pool()
+        v_offset = offset + self.allocator.round(_nbytes(entry.k))
+        k = _view(pool, offset, entry.k)
+        v = _view(pool, v_offset, entry.v)
+        ready = None
+        if self._stream is not None:
+            # the region's last readers ran on the current stream: copy in after them
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self._stream):
+                k.copy_(entry.k, non_blocking=True)
+                v.copy_(entry.v, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(self._stream)
+        else:
+            k.copy_(entry.k)
+            v.copy_(entry.v)
+        views = FactKV(entry.key, list(entry.token_ids), k, v, entry.fingerprint)
+        layers, tokens, heads, dim = entry.k.shape
+        layout: EntryLayout | None = (entry.k.dtype, layers, heads, dim)
+        if entry.v.shape != entry.k.shape or entry.v.dtype != entry.k.dtype:
+            layout = None  # not readable in place as one kind of entry; views still are
+        self._entries[entry.key] = _Resident(views, offset, size, v_offset, tokens, layout, ready)
+        if ready is not None:
+            self._copying.add(entry.key)
+        self.used += size
+        return True
+
+    def remove(self, key: str) -> bool:
+        res = self._entries.pop(key, None)
+        if res is None:
+            return False
+        self._copying.discard(key)
+        self.allocator.free(res.offset, res.size)
+        self.used -= res.size
+        return True
+
+    def _ensure_pool(self) -> torch.Tensor:
+        if self._pool is None:
+            if self.device.type == "cuda":
+                if self.device.index is None:
+                    self.device = torch.device("cuda", torch.cuda.current_device())
+                self._stream = torch.cuda.Stream(device=self.device)
+            self._pool = torch.empty(self.budget, dtype=torch.uint8, device=self.device)
+        return self._pool
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _view(pool: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
+    """A tensor shaped and typed like ``like`` over ``pool[offset:]`` (offset aligned)."""
+    return pool[offset : offset + _nbytes(like)].view(like.dtype).view(like.shape)

@@ -1,0 +1,209 @@
+"""The one place that builds the assistant: model, KV store, encoder, engine, session.
+
+Everything else gets its objects from here and passes them on; nothing is looked up in a
+module-level registry. The pieces, in the order of the data path::
+
+    resolve the model  ->  KV store (its folder per model fingerprint)
+                       ->  prompt builder (chat layout + encoder, writing to that store)
+                       ->  engine (vLLM with our connector; in this process it shares the store)
+    fact log + embedder + extractor  ->  memory worker + session  (open_session)
+
+vLLM builds the connector itself, from plain settings (the store's folder and the model's
+fingerprint); :func:`start_engine` then hands the in-process connector this store object, so
+both use one set of memory tiers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from inferscale_core import paths
+from inferscale_core.config import AppConfig
+from inferscale_core.kvstore import KVStore
+
+if TYPE_CHECKING:
+    from inferscale_core.embedder import Embedder
+    from inferscale_core.engine import Engine
+    from inferscale_core.extractor import Extractor
+    from inferscale_core.memory_worker import MemoryWorker
+    from inferscale_core.prompt_builder import PromptBuilder
+    from inferscale_core.session import Session, SessionConfig
+
+#: The steps :func:`build` reports to ``on_step``, in order (start-up progress).
+STEPS = (
+    "preparing the model",
+    "loading the encoder",
+    "starting the engine",
+    "warming up the engine",
+)
+HOST_TIER_BYTES = 1 << 30
+
+
+@dataclass(slots=True)
+class Assistant:
+    """The built pieces: what the chat, ``ask`` and the benches use."""
+
+    model_dir: Path
+    fingerprint: str
+    store: KVStore
+    builder: PromptBuilder
+    engine: Engine | None  # None when built without an engine (encoding only)
+
+
+def open_store(model_dir: Path, root: Path | None = None, gpu_bytes: int = 0) -> KVStore:
+    """The KV store of a model: ``<root>/<model fingerprint>`` (root: the data folder's kv/)."""
+    from inferscale_core.fingerprint import model_fingerprint
+
+    fingerprint = model_fingerprint(model_dir)
+    root = Path(root) if root is not None else paths.kv_dir()
+    return KVStore(
+        root / fingerprint, HOST_TIER_BYTES, gpu_bytes=gpu_bytes, fingerprint=fingerprint
+    )
+
+
+def start_engine(model_dir: Path, store: KVStore, **options: Any) -> Engine:
+    """vLLM in this process with the connector over ``store`` (``options``: ``EngineOptions``
+    fields, e.g. ``max_model_len``, ``extra`` for more ``LLM(...)`` arguments)."""
+    from inferscale_core.vllm_plugin.vllm_engine import EngineOptions, VllmEngine
+
+    connector = dict(options.pop("connector_extra", {}))
+    if store.device_tier is not None:  # the connector's own store gets the same pool size
+        connector.setdefault("gpu_bytes", store.device_tier.budget)
+    engine = VllmEngine(
+        EngineOptions(
+            model_dir, store.root, store.fingerprint, connector_extra=connector, **options
+        )
+    )
+    engine.share_store(store)
+    return engine
+
+
+def build(
+    config: AppConfig,
+    *,
+    on_step: Callable[[str], None] = lambda step: None,
+    with_engine: bool = True,
+    store_root: Path | None = None,
+    model_progress: bool = False,
+    system_prompt: str | None = None,
+    **engine_options: Any,
+) -> Assistant:
+    """The assistant for ``config``: its model, store, prompt builder and (``with_engine``)
+    the engine, warmed up. ``on_step`` is told each of :data:`STEPS` as it starts."""
+    from inferscale_core.model_files import resolve_model
+    from inferscale_core.prompt_builder import PromptBuilder, default_system_prompt
+
+    on_step(STEPS[0])
+    model_dir = resolve_model(config.model, progress=model_progress)
+    store = open_store(model_dir, store_root, config.gpu_pool_bytes)
+    on_step(STEPS[1])
+    builder = PromptBuilder.for_model(
+        model_dir, store, system_prompt if system_prompt is not None else default_system_prompt()
+    )
+    engine = None
+    if with_engine:
+        on_step(STEPS[2])
+        engine = start_engine(model_dir, store, **engine_options)
+        on_step(STEPS[3])
+        engine.warm_up()
+    return Assistant(model_dir, store.fingerprint, store, builder, engine)
+
+
+def make_extractor(config: AppConfig, engine: Engine | None) -> Extractor:
+    """The fact extractor ``config.extractor`` names; "auto" is the deterministic one for the
+    embedded model (too small to extract reliably) and the LLM otherwise."""
+    from inferscale_core.extractor import DeterministicExtractor, LLMExtractor
+    from inferscale_core.model_files import is_embedded
+
+    choice = config.extractor
+    if choice == "auto":
+        choice = "deterministic" if is_embedded(config.model) else "llm"
+    if choice == "llm":
+        if engine is None:
+            raise ValueError("the LLM extractor needs the engine")
+        return LLMExtractor(engine, engine.tokenizer)  # type: ignore[attr-defined]
+    return DeterministicExtractor()
+
+
+def open_session(
+    assistant: Assistant,
+    config: AppConfig,
+    db_path: Path,
+    *,
+    embedder: Embedder | None = None,
+    extractor: Extractor | None = None,
+    session_config: SessionConfig | None = None,
+    start_worker: bool = True,
+) -> Session:
+    """A chat session over the fact log at ``db_path``, with its background memory worker.
+
+    ``session_config`` defaults to the config's k and w with the session's other defaults."""
+    from inferscale_core.embedder import SentenceTransformerEmbedder
+    from inferscale_core.factlog import FactLog
+    from inferscale_core.memory_worker import MemoryWorker
+    from inferscale_core.retriever import Retriever
+    from inferscale_core.session import Session, SessionConfig
+
+    if assistant.engine is None:
+        raise ValueError("a chat session needs the engine (build(..., with_engine=True))")
+    embedder = embedder or SentenceTransformerEmbedder()
+    extractor = extractor or make_extractor(config, assistant.engine)
+    factlog = FactLog.open(db_path)
+    profile_id = factlog.profile(config.profile)
+    session = Session(
+        factlog,
+        profile_id,
+        Retriever(factlog, embedder),
+        assistant.builder,
+        assistant.store,
+        assistant.engine,
+        config=session_config or SessionConfig(k=config.k, w=config.w),
+    )
+    session.worker = MemoryWorker(
+        lambda: FactLog.open(db_path),
+        profile_id,
+        assistant.builder,
+        assistant.store,
+        extractor,
+        w=session.config.w,
+        on_change=session.notify_changed,
+        make_retriever=lambda log: Retriever(log, embedder),
+    )
+    if start_worker:
+        session.worker.start()
+    return session
+
+
+def memory_worker(
+    assistant: Assistant,
+    config: AppConfig,
+    db_path: Path,
+    *,
+    embedder: Embedder | None = None,
+    poll_seconds: float = 1.0,
+) -> MemoryWorker:
+    """The memory worker alone (``import`` encodes in the foreground with it, no chat)."""
+    from inferscale_core.embedder import SentenceTransformerEmbedder
+    from inferscale_core.extractor import DeterministicExtractor
+    from inferscale_core.factlog import FactLog
+    from inferscale_core.memory_worker import MemoryWorker
+    from inferscale_core.retriever import Retriever
+
+    embedder = embedder or SentenceTransformerEmbedder()
+    # Without the engine only the deterministic extractor runs (the LLM one needs it).
+    extractor = make_extractor(config, assistant.engine) if assistant.engine else None
+    with FactLog.open(db_path) as log:
+        profile_id = log.profile(config.profile)
+    return MemoryWorker(
+        lambda: FactLog.open(db_path),
+        profile_id,
+        assistant.builder,
+        assistant.store,
+        extractor or DeterministicExtractor(),
+        w=config.w,
+        make_retriever=lambda factlog: Retriever(factlog, embedder),
+        poll_seconds=poll_seconds,
+    )
