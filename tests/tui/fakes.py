@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, date, datetime
 from pathlib import Path
 
-from app.app import AssistantApp
+from app.tui.app import AssistantApp
 from inferscale_core.config import AppConfig
 from inferscale_core.factlog import FactLog
 from inferscale_core.memory_worker import WorkerStats
@@ -120,7 +120,7 @@ def seed(db_path: Path) -> None:
         log.add_fact(
             pid, "My sister Ana moved to Lisbon for a job in biotech.", refers_to=date(2023, 6, 1)
         )
-        with log._write():
+        with log.transaction():
             log.db.execute("UPDATE facts SET created_at = ?, updated_at = ?", (FIXED_TEXT,) * 2)
             log.db.execute("UPDATE audit SET at = ?", (FIXED_TEXT,))
             log.db.execute("UPDATE conversations SET created_at = ?", (FIXED_TEXT,))

@@ -22,23 +22,25 @@ import pytest
 from textual import events
 from textual.widgets import DataTable, Input, Markdown, ProgressBar, Static
 
-from app.app import AssistantApp
-from app.screens.dialogs import ConfirmDialog, KeysDialog, TextDialog
-from app.screens.import_screen import FileProgress, ImportScreen
-from app.screens.memory import MemoryScreen
-from app.widgets.conversations import ConversationItem
-from app.widgets.memory_panel import MemoryPanel
-from app.widgets.prompt import PromptInput
-from app.widgets.transcript import ChatMessage
+from app.tui.app import AssistantApp
+from app.tui.screens.dialogs import ConfirmDialog, KeysDialog, TextDialog
+from app.tui.screens.import_screen import FileProgress, ImportScreen
+from app.tui.screens.memory import MemoryScreen
+from app.tui.widgets.conversations import ConversationItem
+from app.tui.widgets.memory_panel import MemoryPanel
+from app.tui.widgets.prompt import PromptInput
+from app.tui.widgets.transcript import ChatMessage
+from inferscale_core import wiring
 from inferscale_core.config import AppConfig, load
 from inferscale_core.embedder import SentenceTransformerEmbedder
 from inferscale_core.extractor import DeterministicExtractor
-from inferscale_core.session import Session, SessionConfig
+from inferscale_core.session import SessionConfig
 from inferscale_core.types import Conversation, Turn
+from tests.support import FIXTURES
 
 pytestmark = [pytest.mark.engine, pytest.mark.asyncio]
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "exports"
+
 SIZE = (120, 40)
 SEED = [
     "I adopted a grey cat named Miso from the shelter last week.",
@@ -63,13 +65,13 @@ def _opener(runtime, db: Path, seed: list[str], gate: threading.Event | None = N
         on_step("starting the engine")
         if gate is not None:
             assert gate.wait(120), "the test never opened the gate"
-        session = Session.open(
+        session = wiring.open_session(
+            runtime,
+            AppConfig(k=5, w=2),
             db,
-            runtime.builder,
-            runtime.engine,
-            SentenceTransformerEmbedder(),
-            DeterministicExtractor(),
-            config=SessionConfig(k=5, w=2, max_tokens=12, history_turns=2),
+            embedder=SentenceTransformerEmbedder(),
+            extractor=DeterministicExtractor(),
+            session_config=SessionConfig(k=5, w=2, max_tokens=12, history_turns=2),
         )
         if seed:
             now = datetime.now(UTC)
@@ -262,7 +264,7 @@ async def test_memory_browser_edits_and_forgets_a_fact(runtime, tmp_path):
             (cat_id,) = screen.facts
             detail_view = screen.query_one("#fact-detail", Static)
             await _until(pilot, lambda: "Miso" in str(detail_view.render()), what="its detail")
-            keys = await app.call(lambda s: s.factlog.kv_locations(cat_id))
+            keys = await app.call(lambda s: s.factlog.kv_keys(cat_id))
             assert keys and all(session.builder.store.has(k) for k in keys)
             detail = str(screen.query_one("#fact-detail", Static).render())
             assert "Source turns" in detail and "grey cat named Miso" in detail

@@ -10,14 +10,13 @@ import os
 import shutil
 import threading
 import time
-from pathlib import Path
 
 from textual.widgets import Input
 
-from tui.fakes import ScriptedSession, scripted_app
+from tests.support import FIXTURES
+from tests.tui.fakes import ScriptedSession, scripted_app
 
 SIZE = (120, 40)
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "exports"
 
 
 async def _until(pilot, condition, timeout: float = 20.0) -> None:
@@ -139,7 +138,8 @@ def test_settings(snap_compare, tmp_path):
 
 def test_keys_panel(snap_compare, tmp_path):
     async def run_before(pilot):
-        await _until(pilot, lambda: pilot.app.chat.is_mounted)
+        # Once the (scripted) session is up, so the status line is the same on every run.
+        await _until(pilot, lambda: pilot.app.load_step == "ready" and pilot.app.chat.is_mounted)
         await pilot.press("f1")
 
     assert _snap(snap_compare, scripted_app(tmp_path), run_before)

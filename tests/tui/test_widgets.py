@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from textual.app import App
 
-from app.screens.chat import conversation_title
-from app.screens.settings import parse_form
-from app.widgets.prompt import PromptInput
+from app.tui.screens.chat import conversation_title
+from app.tui.screens.settings import parse_form
+from app.tui.widgets.prompt import PromptInput
 from inferscale_core.config import ConfigError
 
 
@@ -61,10 +61,10 @@ def test_settings_form_errors_are_clear():
 @pytest.mark.asyncio
 async def test_a_model_that_cannot_start_is_explained(tmp_path):
     """The real opener with a model folder that does not exist: the screen says why."""
-    from app.app import AssistantApp
-    from app.chat_cmd import make_opener
-    from app.widgets.status import StatusBar
-    from app.widgets.transcript import ChatMessage
+    from app.commands.chat import make_opener
+    from app.tui.app import AssistantApp
+    from app.tui.widgets.status import StatusBar
+    from app.tui.widgets.transcript import ChatMessage
     from inferscale_core.config import AppConfig
 
     config = AppConfig(model=str(tmp_path / "no-such-model"))

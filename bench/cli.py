@@ -1,0 +1,702 @@
+"""``inferscale-assistant bench …``: the benchmarks, each a module of ``bench``.
+
+Every bench prints its table and, when asked, writes the raw samples as JSON (``--json``), a
+PNG plot (``--plot``) and a dated row with the exact command in a Markdown run log (``--md``,
+e.g. ``docs/BENCHMARKS.md``). Benches keep their KV entries in ``<data dir>/bench-kv``, apart
+from the user's memories. The latency benches (ttft, throughput, tiers) run on the real model,
+or with ``--dummy-config`` on dummy weights of any shape (a config.json; random ids and KV).
+``bench retrieval`` needs no engine: MiniLM and the vector indexes only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from app.user_config import load_config
+from bench.arguments import parse_ks, parse_names
+from inferscale_core import wiring
+from inferscale_core.config import AppConfig
+
+BENCH_STORE = "bench-kv"
+
+
+# ---- set-up shared by the benches ----
+def _quiet(verbose: bool) -> None:
+    if not verbose:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        logging.getLogger("vllm").setLevel(logging.ERROR)
+
+
+def _config(args: argparse.Namespace, console: Console) -> AppConfig:
+    """The user's settings, with ``--model`` (and ``--gpu-pool-gib``) from the command line."""
+    config = load_config(console)
+    if config is None:
+        raise SystemExit(2)
+    if args.model:
+        config.model = args.model
+    config.gpu_pool_gib = getattr(args, "gpu_pool_gib", 0) or 0
+    return config
+
+
+def _open_runtime(args: argparse.Namespace, console: Console) -> wiring.Assistant:
+    """The real model's assistant, with the benches' own KV store."""
+    from inferscale_core import paths
+
+    _quiet(args.verbose)
+    config = _config(args, console)
+    with console.status("preparing the model…") as status:
+        return wiring.build(
+            config,
+            store_root=paths.data_dir() / BENCH_STORE,
+            on_step=lambda step: status.update(step + "…"),
+        )
+
+
+@contextlib.contextmanager
+def _latency_setup(
+    args: argparse.Namespace, console: Console, pool_size: int
+) -> Iterator[tuple[Any, Any, Any, str]]:
+    """``(prompt source, engine, store, model name)`` on the real model or dummy weights."""
+    if args.dummy_config:
+        from bench.dummy import (
+            DummyPrompts,
+            open_dummy_runtime,
+            resolve_dummy_config,
+        )
+
+        _quiet(args.verbose)
+        gpu_bytes = int((getattr(args, "gpu_pool_gib", 0) or 0) * (1 << 30))
+        with tempfile.TemporaryDirectory(prefix="inferscale-dummy-") as tmp:
+            model_dir = resolve_dummy_config(args.dummy_config, Path(tmp))
+            with console.status(f"starting the engine on dummy weights ({model_dir.name})…"):
+                runtime = open_dummy_runtime(model_dir, Path(tmp) / "kv", gpu_bytes=gpu_bytes)
+            with console.status(f"writing {pool_size} random KV entries…"):
+                source = DummyPrompts(runtime, pool_size, seed=args.seed)
+            yield source, runtime.engine, runtime.store, runtime.model_name
+        return
+    from bench.prompts import FactPrompts
+
+    runtime = _open_runtime(args, console)
+    with console.status(f"encoding {pool_size} synthetic facts…"):
+        source = FactPrompts(runtime.builder, pool_size, seed=args.seed)
+    yield source, runtime.engine, runtime.store, runtime.model_dir.name
+
+
+def _finish(
+    result: dict[str, Any], args: argparse.Namespace, console: Console, bench: ModuleType
+) -> int:
+    from bench.report import append_run, write_json
+
+    line = bench.headline(result)
+    Console().print(line)
+    if args.json:
+        write_json(result, args.json)
+        console.print(f"[dim]wrote {args.json}[/dim]")
+    if args.plot:
+        bench.plot(result, args.plot)
+        console.print(f"[dim]wrote {args.plot}[/dim]")
+    if args.md:
+        append_run(args.md, result, line)
+        console.print(f"[dim]appended a row to {args.md}[/dim]")
+    return 0
+
+
+def _table(title: str, rows: Sequence[dict[str, Any]], columns: dict[str, Callable]) -> None:
+    table = Table(title=title, title_justify="left")
+    for name in columns:
+        table.add_column(name, justify="right")
+    for row in rows:
+        table.add_row(*(fn(row) for fn in columns.values()))
+    Console().print(table)
+
+
+def _ms(key: str) -> Callable[[dict[str, Any]], str]:
+    return lambda row: "" if row.get(key) is None else f"{row[key] * 1e3:.0f} ms"
+
+
+# ---- the benches ----
+def _run_ttft(args: argparse.Namespace, console: Console) -> int:
+    from bench import ttft
+    from bench.prompts import pool_size_for
+    from bench.report import command_line
+
+    ks = _ks(args, args.k)
+    if args.runs < 1:
+        args.parser.error("--runs must be at least 1")
+    setup = _latency_setup(args, console, pool_size_for(ks))
+    with setup as (source, engine, _, name), console.status("benchmarking…") as status:
+        result = ttft.run_ttft(
+            source,
+            engine,
+            ks,
+            args.runs,
+            warmup=args.warmup,
+            seed=args.seed,
+            model_name=name,
+            command=command_line(),
+            on_progress=status.update,
+        )
+    _table(
+        f"TTFT on {result['model']} ({args.runs} runs per cell)",
+        result["rows"],
+        {
+            "k": lambda r: str(r["k"]),
+            "mode": lambda r: r["mode"],
+            "median": _ms("ttft_s_median"),
+            "p90": _ms("ttft_s_p90"),
+            "prompt tok": lambda r: str(r["prompt_tokens"]),
+            "computed": lambda r: str(r["computed_tokens"]),
+            "injected": lambda r: str(r["injected_tokens"]),
+        },
+    )
+    for key, value in result["ratios"].items():
+        Console().print(f"{key}: {value:.2f}")
+    return _finish(result, args, console, ttft)
+
+
+def _run_throughput(args: argparse.Namespace, console: Console) -> int:
+    from bench import throughput
+    from bench.report import command_line
+
+    users = [n for n in _ks(args, args.users, "--users") if n > 0]
+    if not users or args.runs < 1:
+        args.parser.error("--users needs a positive number and --runs at least 1")
+    pool = max(2 * args.k, 10)
+    setup = _latency_setup(args, console, pool)
+    with setup as (source, engine, _, name), console.status("benchmarking…") as status:
+        result = throughput.run_throughput(
+            source,
+            engine,
+            users,
+            args.k,
+            args.runs,
+            max_tokens=args.max_tokens,
+            warmup=args.warmup,
+            seed=args.seed,
+            model_name=name,
+            command=command_line(),
+            on_progress=status.update,
+        )
+    _table(
+        f"Throughput on {result['model']}, k={args.k} ({args.runs} runs per cell)",
+        result["rows"],
+        {
+            "users": lambda r: str(r["users"]),
+            "mode": lambda r: r["mode"],
+            "req/s": lambda r: f"{r['requests_per_s']:.2f}",
+            "TTFT p50": _ms("ttft_s_p50"),
+            "TTFT p90": _ms("ttft_s_p90"),
+            "out tok/s": lambda r: f"{r['output_tokens_per_s']:.1f}",
+        },
+    )
+    return _finish(result, args, console, throughput)
+
+
+def _run_tiers(args: argparse.Namespace, console: Console) -> int:
+    from bench import tiers
+    from bench.report import command_line
+
+    chosen = [t for t in args.tiers.split(",") if t] if args.tiers else None
+    unknown = set(chosen or ()) - set(tiers.TIERS)
+    if unknown or args.runs < 1:
+        args.parser.error(f"--tiers takes {','.join(tiers.TIERS)}; --runs at least 1")
+    setup = _latency_setup(args, console, max(2 * args.k, 10))
+    with setup as (source, engine, store, name), console.status("benchmarking…") as status:
+        result = tiers.run_tiers(
+            source,
+            engine,
+            store,
+            args.k,
+            args.runs,
+            tiers=chosen,
+            warmup=args.warmup,
+            seed=args.seed,
+            model_name=name,
+            command=command_line(),
+            on_progress=status.update,
+        )
+    _table(
+        f"Injection from each tier on {result['model']}, k={args.k}",
+        result["rows"],
+        {
+            "tier": lambda r: r["tier"],
+            "MB": lambda r: f"{r['bytes'] / 1e6:.1f}",
+            "TTFT": _ms("ttft_s_median"),
+            "load": lambda r: f"{r.get('load_ms_median', 0):.1f} ms",
+            "link GB/s": lambda r: f"{r['link_gb_s'] or 0:.1f} ({r['link']})",
+            "floor": lambda r: f"{r['floor_ms'] or 0:.1f} ms",
+        },
+    )
+    Console().print(result["page_cache_note"])
+    return _finish(result, args, console, tiers)
+
+
+def _run_encode(args: argparse.Namespace, console: Console) -> int:
+    from bench import encode
+    from bench.report import command_line
+
+    ws = _ks(args, args.w, "--w")
+    data = _data(args)  # before the engine starts: a missing file fails at once
+    runtime = _open_runtime(args, console)
+    with console.status("benchmarking…") as status:
+        result = encode.run_encode(
+            runtime.builder,
+            data,
+            ws,
+            limit=args.limit,
+            seed=args.seed,
+            model_name=runtime.model_dir.name,
+            command=command_line(),
+            on_progress=status.update,
+        )
+    _table(
+        f"Encoding LoCoMo facts on {result['model']}",
+        result["rows"],
+        {
+            "w": lambda r: str(r["w"]),
+            "facts": lambda r: str(r["facts"]),
+            "facts/s": lambda r: f"{r['facts_per_s']:.2f}",
+            "tokens/s": lambda r: f"{r['tokens_per_s']:.0f}",
+            f"all {result['rows'][0]['all_facts']}": lambda r: (
+                f"{r['all_seconds'] / 60:.1f} min"
+                + (" (extrapolated)" if r["all_extrapolated"] else "")
+            ),
+        },
+    )
+    return _finish(result, args, console, encode)
+
+
+def _run_retrieval(args: argparse.Namespace, console: Console) -> int:
+    from bench import retrieval
+    from bench.report import command_line
+
+    sizes = [n for n in _ks(args, args.sizes, "--sizes") if n > 0]
+    if not sizes or args.k < 1 or args.queries < 1:
+        args.parser.error("--sizes needs a positive number, --k and --queries at least 1")
+    if min(sizes) < args.k:
+        args.parser.error(f"every --sizes value must be at least --k ({args.k})")
+    if args.vectors and args.export_vectors:
+        args.parser.error("--vectors reads exported vectors; --export-vectors writes them: one")
+    device = retrieval.resolve_device(args.device)
+    encoder = None
+    if args.vectors:
+        vectors = retrieval.load_vectors(args.vectors)
+    else:
+        from inferscale_core.embedder import SentenceTransformerEmbedder
+
+        data = _data(args)  # before MiniLM loads: a missing file fails at once
+        embedder = SentenceTransformerEmbedder(device=str(device))
+        if args.export_vectors:
+            with console.status("embedding all of LoCoMo's texts and questions…"):
+                info = retrieval.export_vectors(
+                    args.export_vectors, data, embedder, embedder.model_dir, args.seed
+                )
+            console.print(
+                f"wrote {info['vectors']} ({info['corpus_rows']} texts, {info['queries']}"
+                f" questions, {info['vectors_bytes'] / 1e6:.1f} MB) and"
+                f" {info['minilm_config']}/ ({info['minilm_config_bytes'] / 1e6:.2f} MB:"
+                " MiniLM's config and tokenizer, no weights)"
+            )
+            return 0
+        with console.status("embedding LoCoMo's texts and questions…"):
+            vectors = retrieval.locomo_vectors(
+                data, embedder, texts=args.texts, questions=args.queries, seed=args.seed
+            )
+        encoder = retrieval.QueryEncoder(
+            lambda text: embedder.embed([text]),
+            f"SentenceTransformerEmbedder ({embedder.name}) on {device}",
+            "trained",
+        )
+    with console.status("benchmarking…") as status:
+        result = retrieval.run_retrieval(
+            vectors,
+            sizes,
+            k=args.k,
+            queries=args.queries,
+            device=device,
+            encoder=encoder,
+            noise=args.noise,
+            seed=args.seed,
+            command=command_line(),
+            on_progress=status.update,
+        )
+    _table(
+        f"Top-{result['k']} search (one question per call) on {result['device_name']},"
+        f" {result['queries']} questions",
+        result["rows"],
+        {
+            "N": lambda r: f"{r['n']:,}",
+            "index": lambda r: r["index"],
+            "build": lambda r: f"{r['build_s']:.2f} s",
+            "extend": lambda r: "" if r["extend_s"] is None else f"{r['extend_s'] * 1e3:.1f} ms",
+            "p50": lambda r: f"{r['search_s_median'] * 1e3:.2f} ms",
+            "p90": lambda r: f"{r['search_s_p90'] * 1e3:.2f} ms",
+            "batch q/s": lambda r: f"{r['batch_queries_per_s']:,.0f}",
+            "recall": lambda r: f"{r['recall_at_k']:.3f}",
+            "+embed p50": lambda r: (
+                ""
+                if r.get("embed_plus_search_s_median") is None
+                else f"{r['embed_plus_search_s_median'] * 1e3:.1f} ms"
+            ),
+        },
+    )
+    for what, why in result["skipped"].items():
+        Console().print(f"{what} skipped: {why}")
+    for cell, why in result["failed"].items():
+        Console().print(f"[red]{cell} failed: {why}[/red]")
+    return _finish(result, args, console, retrieval)
+
+
+def _run_locomo(args: argparse.Namespace, console: Console) -> int:
+    from bench import locomo
+    from bench.report import command_line
+
+    if args.rescore:
+        return _rescore(args, console)
+    if args.merge or args.judge:
+        args.parser.error("--merge and --judge work on a saved run: add --rescore RUN.json")
+    ks = _ks(args, args.k)
+    ws = [] if args.w.strip().lower() == "none" else _ks(args, args.w, "--w")
+    if min(ks) < 1:
+        args.parser.error("--k needs numbers >= 1")
+    reference = parse_names(args.reference)
+    data = _data(args)  # before MiniLM or the engine starts: a missing file fails at once
+    unknown = set(reference) - set(locomo.REFERENCES)
+    if unknown:
+        args.parser.error(
+            f"--reference takes {', '.join(locomo.REFERENCES)}; got {', '.join(sorted(unknown))}"
+        )
+    if args.export_retrieval:
+        with console.status("retrieving…") as status:
+            done = locomo.export_retrieval(
+                data,
+                args.export_retrieval,
+                sample=args.sample,
+                seed=args.seed,
+                k=max(ks),
+                on_progress=status.update,
+            )
+        console.print(
+            f"wrote the top {done['k']} facts of {done['questions']} questions to {done['path']}"
+        )
+        return 0
+    if args.retrieval and not args.retrieval.is_file():
+        args.parser.error(f"--retrieval: no such file {args.retrieval}")
+    resume = None
+    if args.resume:
+        if not args.json or not args.json.exists():
+            args.parser.error("--resume needs the --json file of the run to continue")
+        resume = json.loads(args.json.read_text())
+    runtime = _open_runtime(args, console)
+    with console.status("benchmarking…") as status:
+        result = locomo.run_locomo(
+            runtime.builder,
+            runtime.engine,
+            data,
+            sample=args.sample,
+            seed=args.seed,
+            ks=ks,
+            ws=ws,
+            max_tokens=args.max_tokens,
+            logprobs=args.logprobs,
+            kl=not args.no_kl,
+            reference=reference,
+            batch=args.batch,
+            json_path=args.json,
+            resume=resume,
+            model_name=runtime.model_dir.name,
+            command=command_line(),
+            retrieval=args.retrieval,
+            on_progress=status.update,
+        )
+    _locomo_table(result)
+    return _finish(result, args, console, locomo)
+
+
+def _rescore(args: argparse.Namespace, console: Console) -> int:
+    from bench import locomo
+    from bench.report import command_line
+
+    result = json.loads(args.rescore.read_text())
+    result["scores"] = locomo.score(result)
+    if args.merge:
+        try:
+            result = locomo.merge_runs(result, json.loads(args.merge.read_text()))
+        except ValueError as exc:
+            args.parser.error(f"--merge: {exc}")
+        info = result["merged_from"]
+        console.print(
+            f"{info['questions']} questions in both runs; shared answers identical:"
+            f" {info['prompt_agreement']}"
+        )
+    result["rescored"] = command_line()
+    if args.judge:
+        from transformers import AutoTokenizer
+
+        _quiet(args.verbose)
+        judge_dir = Path(args.judge)
+        with tempfile.TemporaryDirectory() as tmp, console.status("starting the judge…") as status:
+            engine = wiring.start_engine(judge_dir, wiring.open_store(judge_dir, Path(tmp)))
+            tokenizer = AutoTokenizer.from_pretrained(str(judge_dir))
+            locomo.judge_answers(result, engine, tokenizer, judge_dir.name, status.update)
+    if not args.merge:  # a merged table is a view: written only where --json says
+        args.json = args.json or args.rescore
+    _locomo_table(result)
+    return _finish(result, args, console, locomo)
+
+
+def _locomo_table(result: dict[str, Any]) -> None:
+    from bench.locomo_data import CATEGORIES
+
+    cells = result["scores"]["cells"]
+    rows = [{"cell": key, **cell} for key, cell in cells.items()]
+
+    def fmt(value: Any, digits: int = 3) -> str:
+        return "" if value is None else f"{value:.{digits}f}"
+
+    columns: dict[str, Callable] = {
+        "mode@k": lambda r: r["cell"],
+        "F1": lambda r: fmt(r["f1"]),
+        "/ prompt": lambda r: fmt(r.get("f1_over_prompt"), 2),
+        "95% CI": lambda r: (
+            ""
+            if not r.get("f1_over_prompt_ci95")
+            else "{:.2f}-{:.2f}".format(*r["f1_over_prompt_ci95"])
+        ),
+    }
+    for name in CATEGORIES.values():
+        columns[name] = lambda r, name=name: fmt(r["by_category"][name]["f1"])
+    columns["KL/token"] = lambda r: fmt(r.get("kl_mean_per_token"), 4)
+    columns["top-1 agree"] = lambda r: fmt(r.get("top1_agreement"), 3)
+    if any("judged_accuracy" in r for r in rows):
+        columns["judged"] = lambda r: fmt(r.get("judged_accuracy"))
+    _table(f"LoCoMo, {result['scores']['questions']} questions — {result['model']}", rows, columns)
+
+
+def _data(args: argparse.Namespace) -> Path:
+    from bench.locomo_data import LocomoDataMissingError, require
+
+    try:
+        return require(args.data)
+    except LocomoDataMissingError as exc:
+        args.parser.error(str(exc))
+        raise  # unreachable: error() exits
+
+
+def _ks(args: argparse.Namespace, text: str, name: str = "--k") -> list[int]:
+    try:
+        return parse_ks(text, name)
+    except ValueError as exc:
+        args.parser.error(str(exc))
+        raise  # unreachable: error() exits
+
+
+# ---- the parsers ----
+def _files(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write raw samples as JSON here")
+    parser.add_argument("--plot", type=Path, metavar="PATH", help="write a PNG plot here")
+    parser.add_argument(
+        "--md",
+        type=Path,
+        metavar="PATH",
+        help="append a dated row with this command to the run log of this Markdown file",
+    )
+
+
+def _outputs(parser: argparse.ArgumentParser) -> None:
+    _files(parser)
+    parser.add_argument("--model", help="local Hugging Face model folder (default: SmolLM2)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (0)")
+
+
+def _latency(parser: argparse.ArgumentParser, runs: int, warmup: int) -> None:
+    _outputs(parser)
+    parser.add_argument(
+        "--dummy-config",
+        metavar="PATH",
+        help="run on dummy weights: a config.json, a folder holding one, or a built-in shape"
+        " (llama-3.1-8b, smollm2-135m, tiny-llama); requests are random ids and random KV",
+    )
+    parser.add_argument("--runs", type=int, default=runs, help=f"measured runs per cell ({runs})")
+    parser.add_argument("--warmup", type=int, default=warmup, help=f"warm-up runs ({warmup})")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser(
+        "bench", help="measure: TTFT, throughput, KV tiers, encoding, retrieval, LoCoMo accuracy"
+    )
+    bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
+
+    ttft = bench_sub.add_parser(
+        "ttft",
+        help="time to first token with k memories: injection, prompt injection, warm prompt",
+        description="For each k, each run draws k synthetic facts (~50 tokens each) in a random"
+        " order and measures TTFT of (a) KV injection, (b) prompt injection (prefix caching on)"
+        " and (c) the same prompt sent again (prefix caching's best case) in the same engine.",
+    )
+    ttft.add_argument("--k", default="0,5,20,50", help="comma-separated numbers of facts")
+    _latency(ttft, runs=5, warmup=2)
+    ttft.set_defaults(func=_run_ttft, parser=ttft)
+
+    tp = bench_sub.add_parser(
+        "throughput",
+        help="N concurrent users, each with its own k memories: requests/s and TTFT",
+        description="For each N, every run submits N requests at once (each user its own random"
+        " set of k facts and question) with injection, then with prompt injection.",
+    )
+    tp.add_argument("--users", default="1,4,8", help="comma-separated user counts (1,4,8)")
+    tp.add_argument("--k", type=int, default=50, help="memories per user (50)")
+    tp.add_argument("--max-tokens", type=int, default=16, help="output tokens per request (16)")
+    _latency(tp, runs=3, warmup=1)
+    tp.set_defaults(func=_run_throughput, parser=tp)
+
+    tiers = bench_sub.add_parser(
+        "tiers",
+        help="injection cost with the memories on each KV-store tier, against the copy floor",
+        description="Per run and tier, k fresh facts are left on that tier only (GPU pool,"
+        " pinned or plain host RAM, disk through the page cache, disk with its pages dropped)"
+        " and one injected request is timed; the copy bandwidth of each link gives the floor.",
+    )
+    tiers.add_argument("--k", type=int, default=50, help="memories per request (50)")
+    tiers.add_argument("--tiers", help="comma-separated subset (default: all available)")
+    tiers.add_argument(
+        "--gpu-pool-gib", type=float, default=1.0, help="GPU pool size on CUDA (1 GiB)"
+    )
+    _latency(tiers, runs=5, warmup=1)
+    tiers.set_defaults(func=_run_tiers, parser=tiers)
+
+    data_help = (
+        "locomo10.json, CC BY-NC 4.0, not shipped (default: $INFERSCALE_LOCOMO, else"
+        " ../shared/data/locomo/ beside the checkout)"
+    )
+    enc = bench_sub.add_parser(
+        "encode",
+        help="memory facts encoded per second for context sizes w; time for all of LoCoMo",
+        description="Encodes LoCoMo's observation facts, each after its w preceding turns, with"
+        " the product's encoder; --limit encodes a seeded sample and extrapolates.",
+    )
+    enc.add_argument("--w", default="0,5,20", help="comma-separated context sizes (0,5,20)")
+    enc.add_argument("--limit", type=int, help="facts per w (default: all the file's)")
+    enc.add_argument("--data", type=Path, help=data_help)
+    _outputs(enc)
+    enc.set_defaults(func=_run_encode, parser=enc)
+
+    ret = bench_sub.add_parser(
+        "retrieval",
+        help="embed + top-k search time at N facts, exact vs CAGRA, and CAGRA's recall@k",
+        description="Embeds LoCoMo's texts (observations + turns, ~8,400) and a seeded sample"
+        " of its questions with MiniLM; for N beyond the real texts, rows are real vectors plus"
+        " small Gaussian noise, renormalised (clustered like real text). For each N it times"
+        " build, extend, one-query search (median, p90) and batched search of the exact index"
+        " and of CAGRA (cuVS, CUDA only: reported skipped with the reason elsewhere), CAGRA's"
+        " recall@k against exact search, and embedding one question on the same device.",
+    )
+    ret.add_argument(
+        "--sizes", default="10000,100000", help="comma-separated corpus sizes N (10000,100000)"
+    )
+    ret.add_argument("--k", type=int, default=50, help="top-k per search (50)")
+    ret.add_argument("--queries", type=int, default=200, help="LoCoMo questions, seeded (200)")
+    ret.add_argument(
+        "--device", default="auto", help="where embedder and indexes run: auto (CUDA if any), cpu"
+    )
+    ret.add_argument(
+        "--texts",
+        type=int,
+        help="embed only this many LoCoMo texts as the real rows (all; not with --vectors)",
+    )
+    ret.add_argument(
+        "--vectors",
+        type=Path,
+        metavar="NPZ",
+        help="use vectors exported by --export-vectors (corpus [s, 384], queries [q, 384])"
+        " instead of embedding LoCoMo",
+    )
+    ret.add_argument(
+        "--export-vectors",
+        type=Path,
+        metavar="NPZ",
+        help="only embed all of LoCoMo into this .npz, with MiniLM's config and tokenizer"
+        " (no weights) in a .minilm folder beside it, for a GPU machine: see"
+        " python -m bench.retrieval --help",
+    )
+    ret.add_argument(
+        "--noise",
+        type=float,
+        default=0.5,
+        help="expected norm of the noise added to a real vector for a synthetic one (0.5)",
+    )
+    ret.add_argument("--data", type=Path, help=data_help)
+    ret.add_argument("--seed", type=int, default=0, help="sampling and noise seed (0)")
+    _files(ret)
+    ret.set_defaults(func=_run_retrieval, parser=ret)
+
+    loc = bench_sub.add_parser(
+        "locomo",
+        help="LoCoMo question answering: F1 (and KL) of injection vs prompt injection",
+        description="Answers LoCoMo questions (categories 1-4) with the same retrieved facts and"
+        " model by prompt injection and by KV injection (w context turns), scores LoCoMo's"
+        " token F1 per category and compares next-token distributions (KL).",
+    )
+    loc.add_argument("--sample", type=int, default=200, help="questions, seeded (200)")
+    loc.add_argument("--k", default="5,20,50", help="comma-separated numbers of facts")
+    loc.add_argument(
+        "--w",
+        default="0,20",
+        help="comma-separated context sizes for KV injection (0,20); 'none' for no injection",
+    )
+    loc.add_argument(
+        "--reference",
+        default="",
+        metavar="MODES",
+        help="also answer in these reference modes: 'reorder' = prompt injection of the same"
+        " facts in another seeded order (how far a harmless change moves answers and KL)",
+    )
+    loc.add_argument("--max-tokens", type=int, default=32, help="answer length limit (32)")
+    loc.add_argument("--logprobs", type=int, default=20, help="top logprobs for the KL (20)")
+    loc.add_argument("--no-kl", action="store_true", help="skip the KL comparison")
+    loc.add_argument("--batch", type=int, default=8, help="questions answered at once (8)")
+    loc.add_argument("--data", type=Path, help=data_help)
+    loc.add_argument("--resume", action="store_true", help="continue the run saved in --json")
+    loc.add_argument(
+        "--export-retrieval",
+        type=Path,
+        metavar="FILE",
+        help="only retrieve (MiniLM, no engine) the top max(--k) facts of the sampled questions"
+        " and write them to FILE, for --retrieval on a machine without MiniLM (e.g. the GPU"
+        " machine: bench/gpu_locomo.py)",
+    )
+    loc.add_argument(
+        "--retrieval",
+        type=Path,
+        metavar="FILE",
+        help="answer on the facts in FILE (from --export-retrieval) instead of retrieving",
+    )
+    loc.add_argument(
+        "--rescore", type=Path, metavar="ANSWERS", help="re-score a saved run (no generation)"
+    )
+    loc.add_argument(
+        "--merge",
+        type=Path,
+        metavar="OTHER",
+        help="with --rescore: add the modes only OTHER (another run's JSON, e.g. a --reference"
+        " run) has, on the questions both answered, and score them together",
+    )
+    loc.add_argument(
+        "--judge",
+        metavar="MODEL_DIR",
+        help="with --rescore: label answers with this local judge model (e.g. on a GPU)",
+    )
+    _outputs(loc)
+    loc.set_defaults(func=_run_locomo, parser=loc)

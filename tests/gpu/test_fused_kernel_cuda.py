@@ -1,0 +1,12 @@
+"""The fused injection kernel compiled for CUDA against the reference path (the interpreter
+runs the same cases on the CPU in tests/unit/test_fused_inject.py)."""
+
+from __future__ import annotations
+
+from tests.unit.test_fused_inject import _check
+
+
+def test_compiled_kernel_matches_the_unfused_path_on_cuda():
+    from tests.support.fused_inject_cases import run_all
+
+    _check(run_all("cuda"), direct_launch=True)

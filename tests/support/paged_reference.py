@@ -1,0 +1,53 @@
+"""Plain torch indexing into each paged layout: the reference the fused kernel is checked
+against (what it writes must read back here as the rotated K and the V)."""
+
+from __future__ import annotations
+
+import torch
+
+from inferscale_core.vllm_plugin.paged_layouts import PagedLayout, UnknownLayoutError
+
+
+def _block_offset(slots: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.div(slots, block_size, rounding_mode="floor"), slots % block_size  # [tokens] x2
+
+
+def scatter_kv(
+    cache: torch.Tensor,  # one layer's paged cache in ``layout``
+    layout: PagedLayout,
+    k: torch.Tensor,  # [tokens, kv_heads, head_dim] post-RoPE, cache dtype
+    v: torch.Tensor,  # [tokens, kv_heads, head_dim]
+    slots: torch.Tensor,  # [tokens] int64
+    block_size: int,
+) -> None:
+    """Write ``k``/``v`` into ``cache`` at ``slots`` (in place)."""
+    blocks, offsets = _block_offset(slots, block_size)
+    head_dim = k.shape[-1]
+    if layout is PagedLayout.FUSED_HEADS:
+        # Advanced indices split by a slice put the token dim first: [tokens, kv_heads, 2 * hd].
+        cache[blocks, :, offsets] = torch.cat([k, v], dim=-1)
+        assert cache.shape[-1] == 2 * head_dim
+    elif layout is PagedLayout.KV_FIRST:
+        cache[0, blocks, offsets] = k  # [tokens, kv_heads, head_dim]
+        cache[1, blocks, offsets] = v
+    elif layout is PagedLayout.BLOCKS_FIRST:
+        cache[blocks, 0, offsets] = k
+        cache[blocks, 1, offsets] = v
+    else:  # pragma: no cover - Enum is closed
+        raise UnknownLayoutError(str(layout))
+
+
+def gather_kv(
+    cache: torch.Tensor, layout: PagedLayout, slots: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read back K and V at ``slots``: each [tokens, kv_heads, head_dim]."""
+    blocks, offsets = _block_offset(slots, block_size)
+    if layout is PagedLayout.FUSED_HEADS:
+        both = cache[blocks, :, offsets]  # [tokens, kv_heads, 2 * head_dim]
+        head_dim = both.shape[-1] // 2
+        return both[..., :head_dim], both[..., head_dim:]
+    if layout is PagedLayout.KV_FIRST:
+        return cache[0, blocks, offsets], cache[1, blocks, offsets]
+    if layout is PagedLayout.BLOCKS_FIRST:
+        return cache[blocks, 0, offsets], cache[blocks, 1, offsets]
+    raise UnknownLayoutError(str(layout))  # pragma: no cover

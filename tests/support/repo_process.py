@@ -1,0 +1,21 @@
+"""Run a script or module of the repository in a fresh Python: a second vLLM engine needs a
+process of its own (one engine per pytest session)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_python(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` from the repository root, with the repository importable and vLLM's
+    log at WARNING; stdout and stderr captured as text."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING", PYTHONPATH=path)
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO
+    )

@@ -1,0 +1,167 @@
+"""Exactness on a tiny random Llama with Llama-3.1 RoPE scaling, in its own process.
+
+A pytest session may hold one vLLM engine (the SmolLM2 one), so this check runs as a script:
+``python tests/support/tiny_llama_check.py WORKDIR TOKENIZER_DIR [DTYPE]`` builds a 2-layer random
+Llama with ``rope_type="llama3"``, injects k=1 and k=5 facts, and prints one JSON line with the
+measured |Δ logprob| (k=1 vs full prefill; k=5 vs a Hugging Face forward on the same injected KV).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from datetime import date
+from pathlib import Path
+
+STEPS = 4
+
+
+def make_tiny_llama(folder: Path, tokenizer_dir: Path) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,  # head_dim 32, grouped-query attention
+        max_position_embeddings=4096,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        initializer_range=0.08,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    model = LlamaForCausalLM(config).to(torch.float32)
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_dir / name, folder / name)
+    return folder
+
+
+def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
+    from inferscale_core import wiring
+    from inferscale_core.config import AppConfig
+    from inferscale_core.prompt_builder import MemoryFact
+    from tests.support.hf_oracle import (
+        logprobs_after_injected_kv,
+        max_logprob_delta,
+        stack_entries,
+        steps_in_common,
+    )
+
+    model_dir = make_tiny_llama(workdir / "tiny-llama", tokenizer_dir)
+    cudagraph_mode = os.environ.get("TINY_CUDAGRAPH_MODE", "")  # e.g. FULL; "" = vLLM's default
+    extra = {"compilation_config": {"cudagraph_mode": cudagraph_mode}} if cudagraph_mode else {}
+    kv_write = os.environ.get("TINY_KV_WRITE", "auto")  # "backend": the unfused load
+    import torch
+
+    # On a GPU the store gets its device pool, so the fused load reads entries in place.
+    pool_gib = 0.25 if torch.cuda.is_available() else 0
+    runtime = wiring.build(
+        AppConfig(model=str(model_dir), gpu_pool_gib=pool_gib),
+        store_root=workdir / "kv",
+        system_prompt="You are a test model. Memory:",
+        max_model_len=2048,
+        dtype=dtype,
+        extra=extra,
+        kv_write=kv_write,
+        block_size=int(os.environ["TINY_BLOCK_SIZE"])
+        if os.environ.get("TINY_BLOCK_SIZE")
+        else None,
+    )
+    builder, engine = runtime.builder, runtime.engine
+    facts = [
+        MemoryFact(f"Fact number {i}: the {word} is kept in drawer {i * 7}.", date(2024, 1, i + 1))
+        for i, word in enumerate(["key", "map", "pen", "coin", "ring"])
+    ]
+    question = "Where is the coin?"
+
+    composed1 = builder.build(facts[:1], question)
+    full = engine.generate(
+        builder.prompt_injection_ids(facts[:1], question),
+        max_tokens=STEPS,
+        logprobs=5,
+        cache_salt="tiny-full",
+    )
+    inj1 = engine.generate(composed1, max_tokens=STEPS, logprobs=5)
+    full_again = engine.generate(
+        builder.prompt_injection_ids(facts[:1], question),
+        max_tokens=STEPS,
+        logprobs=5,
+        cache_salt="tiny-full-again",
+    )
+    full_cached = engine.generate(  # ``full``'s prompt again: a prefix-cache hit, no injection
+        builder.prompt_injection_ids(facts[:1], question),
+        max_tokens=STEPS,
+        logprobs=5,
+        cache_salt="tiny-full",
+    )
+
+    composed5 = builder.build(facts, question)
+    # In the GPU pool before the request, as the session's prefetch leaves them: the worker
+    # reads them where they sit without a prefetch of its own (k=1 above took the other path).
+    runtime.store.prefetch([e.key for e in composed5.entries])
+    in_place_before = engine.load_stats.in_place
+    inj5 = engine.generate(composed5, max_tokens=STEPS, logprobs=5)
+    stats = engine.load_stats
+    k_pre, v = stack_entries([runtime.store.get(e.key) for e in composed5.entries])
+    rest = composed5.prompt_ids[composed5.span_end :] + inj5.token_ids[:-1]
+    oracle = logprobs_after_injected_kv(
+        builder.encoder.model, k_pre, v, rest, steps=len(inj5.token_ids)
+    )
+    delta5 = max(
+        abs(value - float(expected[token]))
+        for step, expected in zip(inj5.logprobs, oracle, strict=True)
+        for token, value in step.items()
+    )
+    return {
+        "cudagraph_mode": cudagraph_mode or "default",
+        "block_size": engine.block_size,
+        "fused_kernel": stats.fused > 0,
+        # the last load (k=5) read its entries where they sit in the GPU pool
+        "in_place": stats.in_place > in_place_before,
+        "rope_type": "llama3",
+        "dtype": dtype,
+        # Compared up to the first step where the greedy tokens differ (see max_logprob_delta).
+        "k1_delta": max_logprob_delta(full.logprobs, inj1.logprobs, full.token_ids, inj1.token_ids),
+        "k1_first_step_delta": max_logprob_delta(full.logprobs[:1], inj1.logprobs[:1]),
+        "k1_steps_before_divergence": steps_in_common(full.token_ids, inj1.token_ids),
+        "k1_steps": len(full.token_ids),
+        "two_full_prefills_delta": max_logprob_delta(
+            full.logprobs, full_again.logprobs, full.token_ids, full_again.token_ids
+        ),
+        # The same prompt served from vLLM's prefix cache: what a cached context alone costs.
+        "prefix_cached_delta": max_logprob_delta(
+            full.logprobs, full_cached.logprobs, full.token_ids, full_cached.token_ids
+        ),
+        "prefix_cached_tokens": full_cached.cached_tokens,  # vLLM's num_cached_tokens
+        "model_runner": "v2"
+        if getattr(engine.llm.llm_engine.vllm_config, "use_v2_model_runner", False)
+        else "v1",
+        "k1_same_tokens": full.token_ids == inj1.token_ids,
+        "k1_injected": inj1.injected_tokens,
+        "k1_span_end": composed1.span_end,
+        "k5_delta_vs_hf": delta5,
+        "k5_injected": inj5.injected_tokens,
+        "k5_prefix_cached": inj5.prefix_cached_tokens,
+        "k5_span_end": composed5.span_end,
+        "k5_refused": inj5.refused,
+    }
+
+
+if __name__ == "__main__":
+    dtype = sys.argv[3] if len(sys.argv) > 3 else "auto"
+    print(json.dumps(main(Path(sys.argv[1]), Path(sys.argv[2]), dtype)))

