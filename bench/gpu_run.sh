@@ -39,7 +39,7 @@ if [ ! -e /tmp/kitstate/install.ok ]; then
         || { tail -30 "$OUT/install.log"; exit 1; }
     mkdir -p /tmp/kitstate && touch /tmp/kitstate/install.ok
 fi
-export PYTHONPATH="/tmp/site:$(pwd)" PYTHONUNBUFFERED=1
+export PYTHONPATH="/tmp/site:$(pwd):$(pwd)/$KIT/pydeps" PYTHONUNBUFFERED=1
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1
 export DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
