@@ -27,13 +27,16 @@ class Refused(Exception):
 
 
 class Piece(NamedTuple):
-    """Tokens ``[src_start, src_end)`` of entry ``key``, placed from position ``dst_start``.
-    (A named tuple: ~50 are made for every request, 5x faster than a frozen dataclass.)"""
+    """Tokens ``[src_start, src_end)`` of entry ``key``, placed from position ``dst_start``;
+    their stored keys are rotated by ``shift`` positions (the entry's place in this prompt
+    minus the position it was computed at). (A named tuple: ~50 are made for every request,
+    5x faster than a frozen dataclass.)"""
 
     key: str
     src_start: int
     src_end: int
     dst_start: int
+    shift: int = 0
 
 
 @dataclass(slots=True)
@@ -58,6 +61,7 @@ class LoadPlan:
                 p.src_start,
                 p.src_start + min(end, p.dst_start + p.src_end - p.src_start) - p.dst_start,
                 p.dst_start,
+                p.shift,
             )
             for p in self.pieces
             if p.dst_start < end
@@ -85,17 +89,45 @@ def _entry_columns(
         raise Refused(f"malformed entries in kv_transfer_params: {exc}") from exc
 
 
+def request_captures(
+    params: Mapping[str, Any] | None, num_prompt_tokens: int, fingerprint: str
+) -> list[tuple[str, int, int]]:
+    """The ``(key, start, end)`` spans an encoding request asks to capture (none: ``[]``).
+
+    Raises :class:`Refused` for another model's request, a malformed list, or a span outside
+    the prompt; the request is then served without capturing anything."""
+    ours = (params or {}).get(KV_PARAMS_KEY)
+    if not isinstance(ours, Mapping) or "capture" not in ours:
+        return []
+    if ours.get("v") != KV_PARAMS_VERSION:
+        raise Refused(f"unsupported kv_transfer_params version: {ours!r:.80}")
+    if ours.get("fingerprint") != fingerprint:
+        raise Refused(
+            f"model fingerprint {ours.get('fingerprint')!r} does not match the engine's"
+            f" {fingerprint!r}: nothing is captured"
+        )
+    try:
+        spans = [(str(key), int(start), int(end)) for key, start, end in ours["capture"]]
+    except (TypeError, ValueError) as exc:
+        raise Refused(f"malformed capture in kv_transfer_params: {exc}") from exc
+    for key, start, end in spans:
+        if not key or "/" in key or key[0] == "." or not 0 <= start < end <= num_prompt_tokens:
+            raise Refused(f"capture {key!r} at [{start}, {end}) is not a span of the prompt")
+    return spans
+
+
 def request_entries(params: Mapping[str, Any] | None) -> list[tuple[str, int, int]] | None:
     """The ``(key, start, end)`` list a composed request carries, or None if it has none."""
     columns = _entry_columns(params)
     return None if columns is None else list(zip(*columns, strict=True))
 
 
-# Column helpers that run in C: a Piece from one (key, src_start, src_end, dst_start) tuple
-# without the named tuple's Python-level __new__, and two header fields.
+# Column helpers that run in C: a Piece from one (key, src_start, src_end, dst_start, shift)
+# tuple without the named tuple's Python-level __new__, and three header fields.
 _new_piece = partial(tuple.__new__, Piece)
 _TOKEN_IDS = attrgetter("token_ids")
 _FINGERPRINT = attrgetter("fingerprint")
+_ORIGIN = attrgetter("origin")
 
 
 def plan_load(
@@ -162,15 +194,16 @@ def plan_load(
     lo, hi = bisect_right(ends, first), bisect_left(starts, end)  # entries reaching into it
     if first >= end:
         hi = lo  # nothing to load
+    shifts = list(map(sub, starts[lo:hi], map(_ORIGIN, found[lo:hi])))  # place - origin
     pieces: list[Piece] = list(
-        map(_new_piece, zip(keys[lo:hi], repeat(0), lengths[lo:hi], starts[lo:hi]))
+        map(_new_piece, zip(keys[lo:hi], repeat(0), lengths[lo:hi], starts[lo:hi], shifts))
     )
     if pieces and starts[lo] < first:  # the first one starts before the load: cut its head
-        key, _, length, start = pieces[0]
-        pieces[0] = Piece(key, first - start, length, first)
+        key, _, length, start, shift = pieces[0]
+        pieces[0] = Piece(key, first - start, length, first, shift)
     if pieces and ends[hi - 1] > end:  # the last one ends after it: cut its tail
-        key, src_start, _, dst_start = pieces[-1]
-        pieces[-1] = Piece(key, src_start, end - starts[hi - 1], dst_start)
+        key, src_start, _, dst_start, shift = pieces[-1]
+        pieces[-1] = Piece(key, src_start, end - starts[hi - 1], dst_start, shift)
     return LoadPlan(num_computed, max(num_computed, end), pieces, keys)
 
 

@@ -18,6 +18,7 @@ rather than the exact real-number value.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -152,6 +153,28 @@ class RopeSpec:
             is_neox_style=is_neox_style,
             rope_type=rope_type,
         )
+
+
+def pure_rotation(spec: RopeSpec) -> RopeSpec:
+    """``spec`` without its cos/sin scale (yarn's mscale): the rotation that moves keys already
+    rotated (and scaled) at one position to another, ``R(p') = R(p' - p) R(p)``."""
+    if spec.attention_scaling == 1.0:
+        return spec
+    return dataclasses.replace(spec, attention_scaling=1.0)
+
+
+def shift(
+    k_post: torch.Tensor,  # [..., tokens, kv_heads, head_dim] post-RoPE at their origin
+    by: int | torch.Tensor,  # positions to move them by (an int, or [tokens] int64)
+    spec: RopeSpec,
+    out: torch.Tensor | None = None,  # optional destination (e.g. a slice of a cache buffer)
+) -> torch.Tensor:
+    """Keys rotated at position p, moved to p + ``by``: one fp32 rotation, one rounding (to
+    ``out``'s dtype, else the input's). A shift of 0 returns them unchanged (cos 1, sin 0)."""
+    tokens = k_post.shape[-3]
+    if isinstance(by, int):
+        by = torch.full((tokens,), by, dtype=torch.int64)
+    return rotate(k_post, by, pure_rotation(spec), out=out)
 
 
 @functools.lru_cache(maxsize=16)

@@ -85,17 +85,20 @@ class AuditEntry:
 
 @dataclass(slots=True)
 class FactKV:
-    """The pre-RoPE KV of one memory entry (a fact line, or the system prefix).
+    """The KV of one memory entry (a fact line, or the system prefix), as the model computed it.
 
-    ``token_ids`` are the exact ids the entry occupies in a prompt; ``k`` holds keys *before*
-    rotary embedding, so the entry can be placed at any position by re-rotation.
+    ``token_ids`` are the exact ids the entry occupies in a prompt. ``k`` holds the keys *after*
+    rotary embedding at the positions they were computed at, ``origin`` for the first token on:
+    placing the entry at position ``p`` rotates them by ``p - origin`` (a rotation by 0 returns
+    the engine's own bytes), so the entry can go anywhere.
     """
 
     key: str  # content-addressed id of the entry in the KV store
     token_ids: list[int]
-    k: torch.Tensor  # [layers, tokens, kv_heads, head_dim] pre-RoPE; fp32 (bf16 on a GPU)
+    k: torch.Tensor  # [layers, tokens, kv_heads, head_dim] post-RoPE at origin..; cache dtype
     v: torch.Tensor  # [layers, tokens, kv_heads, head_dim] same dtype as k
     fingerprint: str  # model fingerprint the tensors belong to
+    origin: int = 0  # the position of token 0 when the keys were computed
 
     def __post_init__(self) -> None:
         if self.k.shape[:3] != self.v.shape[:3]:
@@ -133,6 +136,7 @@ class GenerationResult:
     injected_entries: list[str] = field(default_factory=list)  # entry keys of the request
     entry_tiers: dict[str, str] = field(default_factory=dict)  # entry key -> tier it came from
     refused: str | None = None  # why the connector did not inject, if it did not
+    captured: list[str] = field(default_factory=list)  # entry keys an encoding request captured
 
     @property
     def computed_tokens(self) -> int:

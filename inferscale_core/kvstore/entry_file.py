@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from inferscale_core.files import TEMP_PREFIX, write_atomic
 from inferscale_core.types import FactKV
 
-FORMAT = "inferscale-kv/1"
+FORMAT = "inferscale-kv/2"  # /2: post-RoPE keys with their origin (/1 stored pre-RoPE)
 SUFFIX = ".safetensors"
 _STALE_TEMP_S = 3600.0  # temporary files older than this are from a crashed writer
 
@@ -49,12 +49,18 @@ class EntryHeader:
     fingerprint: str
     shape: tuple[int, int, int, int]  # [layers, tokens, kv_heads, head_dim]
     nbytes: int = 0  # K + V payload bytes
+    origin: int = 0  # the position the keys were computed at (see FactKV)
 
 
 def header_of(entry: FactKV) -> EntryHeader:
     """The header an entry will have on disk."""
     return EntryHeader(
-        entry.key, tuple(entry.token_ids), entry.fingerprint, tuple(entry.k.shape), entry.nbytes
+        entry.key,
+        tuple(entry.token_ids),
+        entry.fingerprint,
+        tuple(entry.k.shape),  # type: ignore[arg-type]
+        entry.nbytes,
+        entry.origin,
     )
 
 
@@ -65,6 +71,7 @@ def write_entry(path: Path, entry: FactKV) -> None:
         "format": FORMAT,
         "fingerprint": entry.fingerprint,
         "token_ids": json.dumps(list(entry.token_ids)),
+        "origin": str(entry.origin),
     }
     write_atomic(path, lambda tmp: save_file(tensors, tmp, metadata=metadata), suffix=SUFFIX)
 
@@ -90,6 +97,7 @@ def read_header(key: str, path: Path) -> EntryHeader:
         meta["fingerprint"],
         tuple(info["k"]["shape"]),  # type: ignore[arg-type]
         nbytes,
+        int(meta.get("origin", 0)),
     )
 
 
@@ -101,7 +109,26 @@ def read_entry(header: EntryHeader, path: Path) -> FactKV:
             v = fh.get_tensor("v")  # [layers, tokens, kv_heads, head_dim]
     except FileNotFoundError:
         raise EntryMissingError(header.key) from None
-    return FactKV(header.key, list(header.token_ids), k, v, header.fingerprint)
+    return FactKV(header.key, list(header.token_ids), k, v, header.fingerprint, header.origin)
+
+
+def scan(root: Path) -> tuple[int, int, int, int]:
+    """``(entries, file bytes, K+V bytes, tokens)`` of the current format's entries in
+    ``root``; files of an earlier format (stale: never injected) and ones deleted meanwhile are
+    left out."""
+    entries = file_bytes = payload = tokens = 0
+    for path in root.glob(f"*{SUFFIX}"):
+        if path.name.startswith("."):
+            continue
+        try:
+            header = read_header(path.stem, path)
+            file_bytes += path.stat().st_size
+        except (EntryMissingError, FileNotFoundError, ValueError):
+            continue
+        entries += 1
+        payload += header.nbytes
+        tokens += len(header.token_ids)
+    return entries, file_bytes, payload, tokens
 
 
 def sweep_temp_files(root: Path) -> None:

@@ -55,7 +55,7 @@ def to_host(entry: FactKV, pin: bool, copy: bool = False) -> FactKV:
     k, v = _host_tensor(entry.k, pin, copy), _host_tensor(entry.v, pin, copy)
     if k is entry.k and v is entry.v:
         return entry
-    return FactKV(entry.key, list(entry.token_ids), k, v, entry.fingerprint)
+    return FactKV(entry.key, list(entry.token_ids), k, v, entry.fingerprint, entry.origin)
 
 
 def _host_tensor(t: torch.Tensor, pin: bool, copy: bool) -> torch.Tensor:
@@ -312,7 +312,7 @@ class DeviceTier:
         else:
             k.copy_(entry.k)
             v.copy_(entry.v)
-        views = FactKV(entry.key, list(entry.token_ids), k, v, entry.fingerprint)
+        views = FactKV(entry.key, list(entry.token_ids), k, v, entry.fingerprint, entry.origin)
         layers, tokens, heads, dim = entry.k.shape
         layout: EntryLayout | None = (entry.k.dtype, layers, heads, dim)
         if entry.v.shape != entry.k.shape or entry.v.dtype != entry.k.dtype:
@@ -349,3 +349,17 @@ def _nbytes(t: torch.Tensor) -> int:
 def _view(pool: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
     """A tensor shaped and typed like ``like`` over ``pool[offset:]`` (offset aligned)."""
     return pool[offset : offset + _nbytes(like)].view(like.dtype).view(like.shape)
+
+
+def device_tier(gpu_bytes: int, device: torch.device | str | None) -> DeviceTier | None:
+    """The device pool of ``gpu_bytes`` on ``device`` (None: CUDA if present), or None for
+    none (0 bytes, or no CUDA when none was named)."""
+    if gpu_bytes <= 0:
+        return None
+    if device is None:
+        if not torch.cuda.is_available():
+            return None  # on CPU the device tier is simply absent
+        device = "cuda"
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for the KV pool, but CUDA is not available")
+    return DeviceTier(gpu_bytes, device)

@@ -1,21 +1,23 @@
-"""The whole injection as one GPU kernel: re-rotate the stored pre-RoPE keys of every layer and
-write K and V straight into vLLM's paged cache.
+"""The whole injection as one GPU kernel: move the stored keys of every layer to their place
+(a rotation by each piece's shift) and write K and V straight into vLLM's paged cache.
 
 The backend path (``worker_side``) rotates each piece and makes one cache write per layer,
 moving every byte three times and launching kernels per piece and per layer. Here
 one Triton program per ``(token, layer)`` reads the token's K row (and the partner half its
 rotation needs) from wherever the entry lives — the GPU pool, or a staged copy — rotates it in
-fp32 with the same cos/sin table as :func:`~inferscale_core.rope.cos_sin` (one rounding to the
-cache dtype), and stores K and V at the token's slot. Every source byte is read once and every
+fp32 by its piece's shift with the cos/sin of :func:`~inferscale_core.rope.cos_sin` (one
+rounding to the cache dtype; a shift of 0 writes the stored bytes back), and stores K and V at
+the token's slot. Every source byte is read once and every
 cache byte written once.
 
 Layers' caches are separate allocations, and so are the entries: the kernel takes one base
 pointer for each and addresses everything else by signed int64 element offsets from it
 (``data_ptr`` differences), so no pointer table is needed. The host describes the request
-per piece (a fact's tokens), not per token: four numbers a piece, the block ids, and each
-token's piece by ``np.repeat``; the kernel derives every slot and position from them, so the
-CPU's share of a load grows with the number of facts, not of tokens. Pure torch + Triton, no
-vLLM import: the tests run it on CPU tensors under ``TRITON_INTERPRET=1``.
+per piece (a fact's tokens), not per token: five numbers a piece (its shift among them: the
+stored keys are post-RoPE at the entry's origin and are rotated by the difference), the block
+ids, and each token's piece by ``np.repeat``; the kernel derives every slot and position from
+them, so the CPU's share of a load grows with the number of facts, not of tokens. Pure
+torch + Triton, no vLLM import: the tests run it on CPU tensors under ``TRITON_INTERPRET=1``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import torch
 
 from inferscale_core.kvstore.tiers import EntryLayout
 from inferscale_core.load_plan import Piece
-from inferscale_core.rope import RopeSpec, cos_sin
+from inferscale_core.rope import RopeSpec, cos_sin, pure_rotation
 from inferscale_core.vllm_plugin.paged_layouts import CacheGeometry, PagedLayout, cache_geometry
 
 try:  # Triton ships with CUDA builds of torch; a CPU-only install may lack it
@@ -57,36 +59,39 @@ def available() -> bool:
 
 class SourcePiece(NamedTuple):
     """Tokens ``[src_start, src_end)`` of one stored entry, going to request position
-    ``dst_start`` onwards. (A tuple: one is made per fact per request.)"""
+    ``dst_start`` onwards, their keys rotated by ``shift`` positions. (A tuple: one is made
+    per fact per request.)"""
 
-    k: torch.Tensor  # [layers, entry_tokens, kv_heads, head_dim] pre-RoPE, contiguous
+    k: torch.Tensor  # [layers, entry_tokens, kv_heads, head_dim] post-RoPE at the entry's origin
     v: torch.Tensor  # [layers, entry_tokens, kv_heads, head_dim], contiguous, same dtype as k
     src_start: int
     src_end: int
     dst_start: int
+    shift: int = 0  # place in the prompt - place the keys were computed at
 
 
-# The request's table, one int64 buffer copied in once: four rows of per-piece descriptors
+# The request's table, one int64 buffer copied in once: five rows of per-piece descriptors
 # (pieces sorted by where they start in the span), each token's piece, and the request's
 # block ids. K and V of an entry have the same shape, so one layer stride serves both. The
 # kernel reads the rows by these numbers.
-_K_OFFSET, _V_OFFSET, _LAYER_STRIDE, _DST_AT, _PIECE_ROWS = range(5)
+_K_OFFSET, _V_OFFSET, _LAYER_STRIDE, _DST_AT, _SHIFT, _PIECE_ROWS = range(6)
 
 
 if triton is not None:
     # The request's numbers are not specialized on (Triton would otherwise compile variants
     # for values divisible by 16 or equal to 1): one compiled kernel serves every request, so
     # FusedInjector can launch it directly (see ``_launch``).
-    @triton.jit(do_not_specialize=["pieces", "start", "tokens"])
+    @triton.jit(do_not_specialize=["pieces", "reach", "start", "tokens"])
     def _inject_kernel(
         src_k,  # K of the first piece: every piece is addressed by element offsets from it
         src_v,  # V of the first piece, the same way
-        table,  # int64 [4 * pieces + tokens + blocks], see _request_table
+        table,  # int64 [5 * pieces + tokens + blocks], see _request_table
         pieces,
         dst,  # layer 0's cache; layer l's cache starts layer_offsets[l] elements from it
         layer_offsets,  # int64 [layers]
-        cos,  # fp32 [positions, rotary_dim // 2]
-        sin,  # fp32 [positions, rotary_dim // 2]
+        cos,  # fp32 [2 * reach, rotary_dim // 2]: row reach + s is a rotation by s positions
+        sin,  # fp32 [2 * reach, rotary_dim // 2]
+        reach,  # shifts in [-reach, reach) have a row
         start,  # request position of span token 0
         tokens,
         block_size,
@@ -104,14 +109,15 @@ if triton is not None:
     ):
         t = tl.program_id(0)
         layer = tl.program_id(1).to(tl.int64)
-        p = tl.load(table + 4 * pieces + t)  # this token's piece
+        p = tl.load(table + 5 * pieces + t)  # this token's piece
         within = t - tl.load(table + 3 * pieces + p)  # token of the piece
         layer_stride = tl.load(table + 2 * pieces + p)
+        angle_row = reach + tl.load(table + 4 * pieces + p)  # the piece's shift
         row = within * (HEADS * DIM) + layer * layer_stride
         k_row = tl.load(table + 0 * pieces + p) + row
         v_row = tl.load(table + 1 * pieces + p) + row
         position = start + t
-        block_id = tl.load(table + 4 * pieces + tokens + position // block_size)
+        block_id = tl.load(table + 5 * pieces + tokens + position // block_size)
 
         h = tl.arange(0, HEADS_P2)[:, None]  # [heads, 1]
         d = tl.arange(0, DIM_P2)[None, :]  # [1, dim]
@@ -130,8 +136,8 @@ if triton is not None:
         x_partner = tl.load(src_k + k_row + h * DIM + partner, mask=inside & rotated, other=0.0).to(
             tl.float32
         )
-        c = tl.load(cos + position * half + freq, mask=rotated, other=1.0)  # [1, dim]
-        s = tl.load(sin + position * half + freq, mask=rotated, other=0.0)
+        c = tl.load(cos + angle_row * half + freq, mask=rotated, other=1.0)  # [1, dim]
+        s = tl.load(sin + angle_row * half + freq, mask=rotated, other=0.0)
         k_out = x * c + (sign * x_partner) * s  # [heads, dim] fp32; pass-through dims: x
 
         at = (
@@ -226,13 +232,16 @@ class FusedInjector:
             self._copied.record()
         return device
 
-    def _tables(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin for positions ``[0, end)`` at least, grown by powers of two."""
-        if self._cos.shape[0] < end:
-            capacity = max(4096, 1 << (end - 1).bit_length())
-            positions = torch.arange(capacity, dtype=torch.int64, device=self.device)
-            self._cos, self._sin = (t.contiguous() for t in cos_sin(self.rope, positions))
-        return self._cos, self._sin
+    def _tables(self, reach: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """cos/sin of rotations by ``[-R, R)`` positions with ``R >= reach`` (grown by powers
+        of two), and R: row ``R + s`` rotates by ``s``. Pure rotations: the stored keys already
+        carry any RoPE scaling (yarn's mscale), so it is not applied twice."""
+        if self._cos.shape[0] < 2 * reach:
+            capacity = max(4096, 1 << (reach - 1).bit_length())
+            shifts = torch.arange(-capacity, capacity, dtype=torch.int64, device=self.device)
+            tables = cos_sin(pure_rotation(self.rope), shifts)
+            self._cos, self._sin = (t.contiguous() for t in tables)
+        return self._cos, self._sin, self._cos.shape[0] // 2
 
     def inject(
         self,
@@ -265,9 +274,17 @@ class FusedInjector:
                 raise ValueError("stage the pieces on the cache's device first")
             if not (k.is_contiguous() and v.is_contiguous()):
                 raise ValueError("the pieces must be contiguous [layers, tokens, heads, dim]")
-        info = np.array(  # int64 [pieces, 6], see _request_table
+        info = np.array(  # int64 [pieces, 7], see _request_table
             [
-                (p.dst_start, p.src_start, p.src_end, p.k.shape[1], p.k.data_ptr(), p.v.data_ptr())
+                (
+                    p.dst_start,
+                    p.src_start,
+                    p.src_end,
+                    p.k.shape[1],
+                    p.k.data_ptr(),
+                    p.v.data_ptr(),
+                    p.shift,
+                )
                 for p in pieces
             ],
             dtype=np.int64,
@@ -324,7 +341,7 @@ class FusedInjector:
         if (start + tokens - 1) // self.geometry.block_size >= len(block_ids):
             raise ValueError(f"{len(block_ids)} blocks do not reach position {start + tokens - 1}")
         table = self._stage(info, start, tokens, block_ids)
-        cos, sin = self._tables(start + tokens)
+        cos, sin, reach = self._tables(int(np.abs(info[:, 6]).max()) + 1)
         g = self.geometry
         args = (
             src_k,
@@ -335,6 +352,7 @@ class FusedInjector:
             self._layer_offsets,
             cos,
             sin,
+            reach,
             start,
             tokens,
             g.block_size,
@@ -368,20 +386,22 @@ class FusedInjector:
                 self._compiled[key] = compiled
 
 
-_DST_SRC_START_END = itemgetter(3, 1, 2)  # of a Piece: (key, src_start, src_end, dst_start)
+# Of a Piece (key, src_start, src_end, dst_start, shift): dst_start, src_start, src_end, shift.
+_DST_SRC_START_END_SHIFT = itemgetter(3, 1, 2, 4)
 
 
 def in_place_info(pieces: Sequence[Piece], spans: np.ndarray, dtype: torch.dtype) -> np.ndarray:
-    """int64 [pieces, 6] of :func:`_request_table` for entries read in place: each piece's
-    dst_start, src_start, src_end (C-level ``itemgetter``), then its entry's tokens and K and V
-    element offsets from ``spans`` (rows of byte offsets, see ``DeviceTier.spans``)."""
+    """int64 [pieces, 7] of :func:`_request_table` for entries read in place: each piece's
+    dst_start, src_start, src_end (C-level ``itemgetter``), its entry's tokens and K and V
+    element offsets from ``spans`` (rows of byte offsets, see ``DeviceTier.spans``), and the
+    piece's shift."""
     size = dtype.itemsize
     if (spans[:, :2] % size).any():
         raise ValueError("entry start not aligned to its element size")
-    info = np.empty((len(pieces), 6), dtype=np.int64)
-    info[:, :3] = list(map(_DST_SRC_START_END, pieces))
+    info = np.empty((len(pieces), 7), dtype=np.int64)
+    info[:, [0, 1, 2, 6]] = list(map(_DST_SRC_START_END_SHIFT, pieces))
     info[:, 3] = spans[:, 2]
-    info[:, 4:] = spans[:, :2] // size
+    info[:, 4:6] = spans[:, :2] // size
     return info
 
 
@@ -398,16 +418,18 @@ def _element_offsets(base: torch.Tensor, tensors: Sequence[torch.Tensor]) -> lis
 
 
 def _request_table(
-    info: np.ndarray,  # int64 [pieces, 6]: dst_start, src_start, src_end, entry tokens, K and V
-    #                    element offsets of the entry (layer 0, token 0) from the kernel's bases
+    info: np.ndarray,  # int64 [pieces, 7]: dst_start, src_start, src_end, entry tokens, K and V
+    #                    element offsets of the entry (layer 0, token 0) from the kernel's
+    #                    bases, the piece's shift
     start: int,
     tokens: int,
     block_ids: Sequence[int],
     row_elements: int,  # kv_heads * head_dim: one token of one layer
-    table: np.ndarray,  # int64 [4 * pieces + tokens + blocks] or longer, filled here
+    table: np.ndarray,  # int64 [5 * pieces + tokens + blocks] or longer, filled here
 ) -> None:
     """The kernel's table: per piece, in span order, where its first source token's K and V
-    rows start, the entry's layer stride and where the piece starts in the span; then each
+    rows start, the entry's layer stride, where the piece starts in the span and its shift;
+    then each
     span token's piece; then the block ids. Checks that the pieces tile the span exactly once.
     Numpy over the pieces and tokens, no Python loop."""
     count = len(info)
@@ -425,6 +447,7 @@ def _request_table(
     rows[_V_OFFSET] = info[:, 5] + src_start * row_elements
     rows[_LAYER_STRIDE] = info[:, 3] * row_elements
     rows[_DST_AT] = dst_at
+    rows[_SHIFT] = info[:, 6]
     at = _PIECE_ROWS * count
     table[at : at + tokens] = np.repeat(np.arange(count, dtype=np.int64), lengths)
     table[at + tokens : at + tokens + len(block_ids)] = block_ids

@@ -1,10 +1,11 @@
 """Paged KV-cache layouts of vLLM's GPU attention backends, as the fused kernel addresses them.
 
 For the layouts listed here the fused injection kernel writes the cache through raw element
-offsets (:func:`cache_geometry`); any other layout is written through the backend's own
-``do_kv_cache_update``. Pure torch, no vLLM import, so every layout is tested on CPU tensors
-(against the plain-indexing reference in ``tests/support/paged_reference.py``). Token ``t`` of
-a request lives in slot ``block_ids[t // block_size] * block_size + t % block_size``.
+offsets (:func:`cache_geometry`) and captures read spans back with :func:`gather_kv`; any
+other layout is written through the backend's own ``do_kv_cache_update``. Pure torch, no vLLM
+import, so every layout is tested on CPU tensors (against the plain-indexing reference in
+``tests/support/paged_reference.py``). Token ``t`` of a request lives in slot
+``block_ids[t // block_size] * block_size + t % block_size``.
 
 Layouts (logical shapes; strides may permute them):
 
@@ -57,6 +58,26 @@ def detect_layout(
             " do_kv_cache_update instead"
         )
     return matches[0]
+
+
+def _block_offset(slots: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.div(slots, block_size, rounding_mode="floor"), slots % block_size  # [tokens] x2
+
+
+def gather_kv(
+    cache: torch.Tensor, layout: PagedLayout, slots: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read back K and V at ``slots``: each [tokens, kv_heads, head_dim]."""
+    blocks, offsets = _block_offset(slots, block_size)
+    if layout is PagedLayout.FUSED_HEADS:
+        both = cache[blocks, :, offsets]  # [tokens, kv_heads, 2 * head_dim]
+        head_dim = both.shape[-1] // 2
+        return both[..., :head_dim], both[..., head_dim:]
+    if layout is PagedLayout.KV_FIRST:
+        return cache[0, blocks, offsets], cache[1, blocks, offsets]
+    if layout is PagedLayout.BLOCKS_FIRST:
+        return cache[blocks, 0, offsets], cache[blocks, 1, offsets]
+    raise UnknownLayoutError(str(layout))  # pragma: no cover
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,13 @@
 """Cases for the fused injection kernel, run on any device: ``python
 tests/support/fused_inject_cases.py cpu`` (with ``TRITON_INTERPRET=1``) or ``cuda``. Prints one JSON
-object: per case, how far the kernel's cache contents are from the reference path (``rotate`` +
+object: per case, how far the kernel's cache contents are from the reference path (``shift`` +
 ``scatter_kv``).
 
 Each case: 3 layers with caches allocated separately, entries carved out of one byte pool as the
 GPU tier does (so the kernel addresses them by offsets across allocations), pieces that start
-mid-entry and are listed out of request order, slots spread over non-consecutive blocks.
+mid-entry and are listed out of request order, slots spread over non-consecutive blocks, and
+stored keys moved by a positive, a zero and a negative shift (the zero one must come back as
+the stored bytes).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 import torch
 
 from inferscale_core.load_plan import Piece, slot_mapping
-from inferscale_core.rope import RopeSpec, rotate
+from inferscale_core.rope import RopeSpec, shift
 from inferscale_core.vllm_plugin.fused_inject import FusedInjector, SourcePiece
 from inferscale_core.vllm_plugin.paged_layouts import PagedLayout
 from tests.support.paged_reference import gather_kv, scatter_kv
@@ -82,9 +84,13 @@ def run_case(layout: PagedLayout, spec: RopeSpec, dtype: torch.dtype, device: st
     # Request positions [6, 6 + 4 + 7 + 2): entry 0 tokens 1..4, entry 1 whole, entry 2 tokens 0..1,
     # listed out of order.
     spans = [(0, 1, 5, start), (1, 0, 7, start + 4), (2, 0, 2, start + 11)]
+    origins = [3, start + 4, 40]  # where each entry's keys were computed
+    # shift = where the entry's token 0 lands - its origin: 2, 0 and -23
+    shifts = [dst - src - origins[e] for e, src, _, dst in spans]
     order = [2, 0, 1]
     pieces = [
-        SourcePiece(entries[spans[i][0]][0], entries[spans[i][0]][1], *spans[i][1:]) for i in order
+        SourcePiece(entries[spans[i][0]][0], entries[spans[i][0]][1], *spans[i][1:], shifts[i])
+        for i in order
     ]
     tokens = 13
     slots = slot_mapping(BLOCK_IDS, BLOCK_SIZE, start, start + tokens)
@@ -112,7 +118,7 @@ def run_case(layout: PagedLayout, spec: RopeSpec, dtype: torch.dtype, device: st
         pool,
         pool_spans,
         layout_of_entries,
-        [Piece("", *spans[i][1:]) for i in order],
+        [Piece("", *spans[i][1:], shifts[i]) for i in order],
         start,
         tokens,
         BLOCK_IDS,
@@ -120,15 +126,20 @@ def run_case(layout: PagedLayout, spec: RopeSpec, dtype: torch.dtype, device: st
     direct = bool(injector._compiled) and bool(in_place_injector._compiled)
     in_place_equal = all(torch.equal(a, b) for a, b in zip(in_place, fused, strict=True))
 
-    k_pre = torch.cat([entries[e][0][:, a:b] for e, a, b, _ in spans], dim=1)
+    moved = [
+        shift(entries[e][0][:, a:b], by, spec)
+        for (e, a, b, _), by in zip(spans, shifts, strict=True)
+    ]
+    k_post = torch.cat(moved, dim=1)  # [layers, tokens, heads, dim] each piece by its shift
     v_all = torch.cat([entries[e][1][:, a:b] for e, a, b, _ in spans], dim=1)
-    positions = torch.arange(start, start + tokens, device=device)
-    k_post = rotate(k_pre, positions, spec, out_dtype=dtype)  # [layers, tokens, heads, dim]
     slot_tensor = torch.tensor(slots, device=device)
     for layer in range(LAYERS):
         scatter_kv(reference[layer], layout, k_post[layer], v_all[layer], slot_tensor, BLOCK_SIZE)
-    k_ulps, v_equal, untouched = 0.0, True, True
-    for got, want in zip(fused, reference, strict=True):
+    k_ulps, v_equal, untouched, zero_shift_exact = 0.0, True, True, True
+    unshifted = slot_tensor[4:11]  # entry 1, shift 0: the stored bytes, exactly
+    for layer, (got, want) in enumerate(zip(fused, reference, strict=True)):
+        k_kept, _ = gather_kv(got, layout, unshifted, BLOCK_SIZE)
+        zero_shift_exact = zero_shift_exact and torch.equal(k_kept, entries[1][0][layer])
         k_got, v_got = gather_kv(got, layout, slot_tensor, BLOCK_SIZE)
         k_want, v_want = gather_kv(want, layout, slot_tensor, BLOCK_SIZE)
         k_ulps = max(k_ulps, _error_in_ulps(k_got, k_want))
@@ -142,6 +153,7 @@ def run_case(layout: PagedLayout, spec: RopeSpec, dtype: torch.dtype, device: st
         "v_equal": v_equal,
         "only_slots_written": untouched,
         "in_place_equal": in_place_equal,
+        "zero_shift_exact": zero_shift_exact,
         "direct_launch": direct,  # the second loads went through the compiled kernel's launcher
     }
 

@@ -1,15 +1,18 @@
-"""Plain torch indexing into each paged layout: the reference the fused kernel is checked
-against (what it writes must read back here as the rotated K and the V)."""
+"""Plain torch indexing into each paged layout, writing: the reference the fused kernel is
+checked against (read back with the product's ``paged_layouts.gather_kv``)."""
 
 from __future__ import annotations
 
 import torch
 
-from inferscale_core.vllm_plugin.paged_layouts import PagedLayout, UnknownLayoutError
+from inferscale_core.vllm_plugin.paged_layouts import (
+    PagedLayout,
+    UnknownLayoutError,
+    _block_offset,
+    gather_kv,
+)
 
-
-def _block_offset(slots: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.div(slots, block_size, rounding_mode="floor"), slots % block_size  # [tokens] x2
+__all__ = ["gather_kv", "scatter_kv"]
 
 
 def scatter_kv(
@@ -35,19 +38,3 @@ def scatter_kv(
         cache[blocks, 1, offsets] = v
     else:  # pragma: no cover - Enum is closed
         raise UnknownLayoutError(str(layout))
-
-
-def gather_kv(
-    cache: torch.Tensor, layout: PagedLayout, slots: torch.Tensor, block_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Read back K and V at ``slots``: each [tokens, kv_heads, head_dim]."""
-    blocks, offsets = _block_offset(slots, block_size)
-    if layout is PagedLayout.FUSED_HEADS:
-        both = cache[blocks, :, offsets]  # [tokens, kv_heads, 2 * head_dim]
-        head_dim = both.shape[-1] // 2
-        return both[..., :head_dim], both[..., head_dim:]
-    if layout is PagedLayout.KV_FIRST:
-        return cache[0, blocks, offsets], cache[1, blocks, offsets]
-    if layout is PagedLayout.BLOCKS_FIRST:
-        return cache[blocks, 0, offsets], cache[blocks, 1, offsets]
-    raise UnknownLayoutError(str(layout))  # pragma: no cover

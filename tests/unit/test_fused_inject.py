@@ -2,7 +2,7 @@
 
 On CPU it runs under Triton's interpreter (``TRITON_INTERPRET=1``, in a child process because
 the flag is read when kernels are defined); on a CUDA machine the compiled kernel runs too.
-The reference is the unfused path: ``rope.rotate`` then ``paged_layouts.scatter_kv``.
+The reference: ``rope.shift`` per piece, then ``scatter_kv`` (tests/support/paged_reference.py).
 """
 
 import json
@@ -31,6 +31,7 @@ def _check(results: dict, direct_launch: bool) -> None:
         assert case["v_equal"], name
         assert case["only_slots_written"], name
         assert case["in_place_equal"], name  # the pool's path writes the very same bytes
+        assert case["zero_shift_exact"], name  # a shift of 0 writes back the stored bytes
         assert case["direct_launch"] is direct_launch, name  # compiled kernels only, on CUDA
 
 

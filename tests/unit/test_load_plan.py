@@ -7,6 +7,10 @@ from inferscale_core.kvstore import EntryHeader, EntryMissingError
 from inferscale_core.load_plan import Piece, Refused, plan_load, slot_mapping
 
 FP = "fp-model"
+# Where each entry's keys were computed: "a" right after the prefix (where it is placed below,
+# shift 0), "b" after a longer context (placed earlier: a negative shift).
+ORIGINS = {"p": 0, "a": 4, "b": 30}
+SHIFTS = {"p": 0, "a": 0, "b": 7 - 30}
 
 
 def _header_lookup(entries: dict[str, tuple[int, ...]], fingerprint: str = FP):
@@ -14,7 +18,10 @@ def _header_lookup(entries: dict[str, tuple[int, ...]], fingerprint: str = FP):
         for key in keys:
             if key not in entries:
                 raise EntryMissingError(key)
-        return [EntryHeader(k, entries[k], fingerprint, (2, len(entries[k]), 1, 4)) for k in keys]
+        return [
+            EntryHeader(k, entries[k], fingerprint, (2, len(entries[k]), 1, 4), 0, ORIGINS[k])
+            for k in keys
+        ]
 
     return headers
 
@@ -38,7 +45,7 @@ def test_full_load_from_zero():
         composed.kv_transfer_params(FP), composed.prompt_ids, 12, 0, _header_lookup(stored), FP
     )
     assert (plan.start, plan.end) == (0, 9) == (0, composed.span_end)
-    assert plan.pieces == [Piece("p", 0, 4, 0), Piece("a", 0, 3, 4), Piece("b", 0, 2, 7)]
+    assert plan.pieces == [Piece("p", 0, 4, 0, 0), Piece("a", 0, 3, 4, 0), Piece("b", 0, 2, 7, -23)]
     assert plan.entry_keys == ["p", "a", "b"]
 
 
@@ -48,7 +55,7 @@ def test_load_starts_after_prefix_cache_hit():
         composed.kv_transfer_params(FP), composed.prompt_ids, 12, 5, _header_lookup(stored), FP
     )
     assert (plan.start, plan.end, plan.num_tokens) == (5, 9, 4)
-    assert plan.pieces == [Piece("a", 1, 3, 5), Piece("b", 0, 2, 7)]
+    assert plan.pieces == [Piece("a", 1, 3, 5, 0), Piece("b", 0, 2, 7, -23)]
 
 
 def test_fully_cached_span_loads_nothing():
@@ -115,7 +122,7 @@ def test_truncated_plan_keeps_leading_positions():
     )
     short = plan.truncated(3)  # positions [2, 5)
     assert (short.start, short.end) == (2, 5)
-    assert short.pieces == [Piece("p", 2, 4, 2), Piece("a", 0, 1, 4)]
+    assert short.pieces == [Piece("p", 2, 4, 2, 0), Piece("a", 0, 1, 4, 0)]
 
 
 def test_slot_mapping_follows_block_table():
@@ -133,7 +140,7 @@ def test_pieces_match_the_per_entry_rule_for_every_cut():
             plan = plan_load(params, composed.prompt_ids, num_tokens, computed, headers, FP)
             end = min(9, num_tokens - 1)
             expected = [
-                Piece(key, max(computed, s) - s, min(end, e) - s, max(computed, s))
+                Piece(key, max(computed, s) - s, min(end, e) - s, max(computed, s), SHIFTS[key])
                 for key, s, e in spans
                 if max(computed, s) < min(end, e)
             ]

