@@ -34,16 +34,17 @@ from inferscale_core.kvstore.entry_file import (
     header_of,
     read_entry,
     read_header,
+    scan,
     sweep_temp_files,
     write_entry,
 )
 from inferscale_core.kvstore.tiers import (
-    DeviceTier,
     EntryLayout,
     HostTier,
     PrefetchReport,
     StoreStats,
     TierStats,
+    device_tier,
     to_host,
 )
 from inferscale_core.types import FactKV
@@ -80,7 +81,7 @@ class KVStore:
         self.fingerprint = fingerprint
         pin = torch.cuda.is_available() if pin_host is None else pin_host
         self.host_tier = HostTier(host_bytes, pin)
-        self.device_tier = _device_tier(gpu_bytes, device)
+        self.device_tier = device_tier(gpu_bytes, device)
         self._headers: dict[str, EntryHeader] = {}
         self._seen_at: dict[str, int] = {}  # key -> folder mtime when its file was last seen
         self._versions: dict[str, int] = {}  # bumped by every put/delete of the key
@@ -88,6 +89,8 @@ class KVStore:
         self._hits: Counter[str] = Counter()
         self._misses = 0
         self._lock = threading.Lock()
+        self._written = threading.Condition()  # notified after every put (see wait_for)
+        self._writing: set[str] = set()  # keys a put of this process is writing
         sweep_temp_files(self.root)
 
     def path(self, key: str) -> Path:
@@ -108,13 +111,43 @@ class KVStore:
         header = header_of(entry)
         with self._lock:
             version = self._invalidate(entry.key)
-        write_entry(target, entry)
-        hosted = to_host(entry, self.host_tier.pin)  # write-through: the injection right after
+            self._writing.add(entry.key)
+        try:
+            write_entry(target, entry)
+            hosted = to_host(entry, self.host_tier.pin)  # write-through: the injection after
+        except BaseException:
+            with self._lock:
+                self._writing.discard(entry.key)
+            raise
         with self._lock:
             if self._versions.get(entry.key) == version:  # no put/delete of it since
                 self._headers[entry.key] = header
                 self.host_tier.put(hosted)
+            self._writing.discard(entry.key)
+        with self._written:
+            self._written.notify_all()
         return target
+
+    def wait_for(self, keys: Sequence[str], timeout: float) -> list[str]:
+        """Wait until every key's entry is written (by this process's store: its file and its
+        host-RAM copy; by another process: its file, seen within 50 ms), at most ``timeout``
+        seconds; the keys still missing then (``[]``: all there)."""
+        deadline = time.monotonic() + timeout
+
+        def missing_of(candidates: Sequence[str]) -> list[str]:
+            with self._lock:
+                writing = set(self._writing)
+            return [key for key in candidates if key in writing or not self.has(key)]
+
+        missing = missing_of(keys)
+        while missing:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return missing
+            with self._written:
+                self._written.wait(min(left, 0.05))
+            missing = missing_of(missing)
+        return []
 
     def delete(self, key: str) -> bool:
         """Forget an entry: every tier at once, then the file. True if a file was removed."""
@@ -131,10 +164,6 @@ class KVStore:
     # ---- reads ----
     def has(self, key: str) -> bool:
         return os.path.exists(self._file(key))
-
-    def fastest_tier(self, key: str) -> str:
-        """Where a read of ``key`` would be served from now: "device", "host" or "disk"."""
-        return self.fastest_tiers([key])[key]
 
     def fastest_tiers(self, keys: Iterable[str]) -> dict[str, str]:
         """:meth:`fastest_tier` of each key, under one lock (the scheduler asks for ~50 keys
@@ -375,16 +404,7 @@ class KVStore:
 
     def stats(self) -> StoreStats:
         """Bytes and entries per tier, hits per tier, bytes per token and per fact."""
-        file_bytes, payload, tokens, entries = 0, 0, 0, 0
-        for key in self.keys():
-            try:
-                header = self.header(key)
-                file_bytes += self.path(key).stat().st_size
-            except (EntryMissingError, FileNotFoundError):
-                continue  # deleted meanwhile
-            entries += 1
-            payload += header.nbytes
-            tokens += len(header.token_ids)
+        entries, file_bytes, payload, tokens = scan(self.root)
         tiers: dict[str, TierStats] = {}
         with self._lock:
             dev = self.device_tier
@@ -428,15 +448,3 @@ class KVStore:
 
     def _read(self, key: str) -> FactKV:
         return read_entry(self.header(key), self.path(key))
-
-
-def _device_tier(gpu_bytes: int, device: torch.device | str | None) -> DeviceTier | None:
-    if gpu_bytes <= 0:
-        return None
-    if device is None:
-        if not torch.cuda.is_available():
-            return None  # on CPU the device tier is simply absent
-        device = "cuda"
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} asked for the KV pool, but CUDA is not available")
-    return DeviceTier(gpu_bytes, device)

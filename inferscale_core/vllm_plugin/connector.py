@@ -127,10 +127,17 @@ class InferScaleConnector(KVConnectorBase_V1):
     def save_kv_layer(
         self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
     ) -> None:
-        return  # the engine never saves: facts are encoded by the encoder
+        return  # captures are copied after the whole forward, in wait_for_save
 
     def wait_for_save(self) -> None:
-        return
+        """After the step's forward (also one replayed from a CUDA graph): copy out the spans
+        of encoding requests it completed."""
+        if self._worker is None:
+            return
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, InjectionMetadata)
+        if meta.saves:
+            self._worker.save(meta)
 
     # ---- scheduler side ----
     def get_num_new_matched_tokens(
@@ -147,7 +154,7 @@ class InferScaleConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         assert self._scheduler is not None
-        return self._scheduler.build_connector_meta()
+        return self._scheduler.build_connector_meta(scheduler_output)
 
     def request_finished(
         self, request: Request, block_ids: list[int]

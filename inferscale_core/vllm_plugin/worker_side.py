@@ -1,4 +1,6 @@
-"""Worker side of the connector: re-rotate stored pre-RoPE keys and write them into the cache.
+"""Worker side of the connector: move stored keys to their place and write them into the
+cache before the forward (loads); copy computed spans out of it after the forward (captures,
+:mod:`.capture`).
 
 Two ways to write, chosen once per engine (``kv_write``):
 
@@ -6,7 +8,7 @@ Two ways to write, chosen once per engine (``kv_write``):
   straight from the stored entries into the paged cache (:mod:`.fused_inject`), for the layouts
   ``paged_layouts`` knows (vLLM 0.26 FLASH_ATTN / FLASHINFER / TRITON_ATTN). Entries already in
   the GPU pool are read where they sit; others are staged on the device first.
-* ``"backend"``: re-rotation with :func:`~inferscale_core.rope.rotate` and the attention
+* ``"backend"``: re-rotation with :func:`~inferscale_core.rope.shift` and the attention
   backend's own cache update (``layer.impl.do_kv_cache_update``), the call the forward pass
   makes, so every layout (the CPU backend's ISA-packed keys included) is written as the backend
   expects it.
@@ -26,8 +28,9 @@ import torch
 
 from inferscale_core.kvstore import KVStore
 from inferscale_core.model_spec import ModelSpec
-from inferscale_core.rope import RopeSpec, cos_sin, rotate
+from inferscale_core.rope import RopeSpec, cos_sin, pure_rotation, shift
 from inferscale_core.vllm_plugin import fused_inject
+from inferscale_core.vllm_plugin.capture import CacheReader, EntryWriter, capture
 from inferscale_core.vllm_plugin.fused_inject import FusedInjector, SourcePiece
 from inferscale_core.vllm_plugin.metadata import InjectionMetadata, LoadOp
 from inferscale_core.vllm_plugin.paged_layouts import (
@@ -55,6 +58,8 @@ class LoadStats:
     tokens: int = 0  # positions written
     fused: int = 0  # loads written by the one-kernel path
     in_place: int = 0  # of those, read where the entries sit in the GPU pool
+    captured: int = 0  # entries copied out of the cache (encoding requests)
+    capture_errors: int = 0  # captures that failed (logged; the encoder then times out)
 
 
 def attention_layers(vllm_config: VllmConfig) -> list[tuple[str, Any]]:
@@ -91,6 +96,8 @@ class InjectionWorker:
         self._buffers: dict[str, torch.Tensor] = {}
         self._injector: FusedInjector | None = None
         self._rotary_kernel: VllmRotary | bool | None = None  # False: this vLLM has none
+        self._reader: CacheReader | None = None  # made on the first capture
+        self._writer: EntryWriter | None = None
         # Runs of layers that share one RoPE: [(rope, first layer, end layer)].
         runs: list[tuple[Any, int, int]] = []
         for index, rope in enumerate(spec.layer_rope):
@@ -134,6 +141,21 @@ class InjectionWorker:
             for op in rest:
                 keys = [piece.key for piece in op.pieces]
                 self._load_fused(op, injector, self.store.device_spans(keys))
+
+    def save(self, meta: InjectionMetadata) -> None:
+        """After the step's forward: copy out the spans it completed (``meta.saves``)."""
+        if not meta.saves:
+            return
+        try:
+            if self._reader is None:
+                self._reader = CacheReader(self.layers, self.block_size)
+                self._writer = EntryWriter(self.store)
+            assert self._writer is not None
+            capture(self._reader, self._writer, meta.saves, str(self.store.fingerprint))
+            self.stats.captured += len(meta.saves)
+        except Exception:  # never fail the engine's step: the encoder sees the entry missing
+            self.stats.capture_errors += len(meta.saves)
+            log.exception("capturing %d spans failed", len(meta.saves))
 
     def _count(self, op: LoadOp, fused: bool, in_place: bool) -> None:
         stats = self.stats
@@ -232,6 +254,7 @@ class InjectionWorker:
                     piece.src_start,
                     piece.src_end,
                     piece.dst_start,
+                    piece.shift,
                 )
                 for piece, entry in zip(op.pieces, entries, strict=True)
             ]
@@ -253,29 +276,29 @@ class InjectionWorker:
                 " have refused this request"
             )
         tokens = op.end - op.start
-        positions = torch.arange(op.start, op.end, dtype=torch.int64, device=device)  # [tokens]
         k_post = self._scratch("k", (num_layers, tokens, kv_heads, head_dim), dtype, device)
         v_all = self._scratch("v", (num_layers, tokens, kv_heads, entries[0].v.shape[-1]), dtype)
         # On a CPU with an fp32 cache, vLLM's own RoPE kernel re-rotates in place over our fp32
         # table: 6.2 ms against 19.3 ms for ``rotate`` at k=50 on SmolLM2 (dev CPU, 2 cores),
         # ~7% of that request's TTFT; neox is bit-identical to ``rotate``.
         in_place = device.type == "cpu" and dtype == torch.float32 and self._rotary() is not None
+        shifts = torch.empty(tokens, dtype=torch.int64)  # [tokens] each token's piece's shift
         for piece, entry in zip(op.pieces, entries, strict=True):
             at = piece.dst_start - op.start
             n = piece.src_end - piece.src_start
-            k_pre = entry.k[:, piece.src_start : piece.src_end].to(device, non_blocking=True)
+            k_stored = entry.k[:, piece.src_start : piece.src_end].to(device, non_blocking=True)
             if in_place:
-                k_post[:, at : at + n] = k_pre
+                k_post[:, at : at + n] = k_stored
+                shifts[at : at + n] = piece.shift
             else:
                 for rope, lo, hi in self._rope_runs:  # one run when every layer shares its RoPE
-                    out = k_post[lo:hi, at : at + n]
-                    rotate(k_pre[lo:hi], positions[at : at + n], rope, out=out)
+                    shift(k_stored[lo:hi], piece.shift, rope, out=k_post[lo:hi, at : at + n])
             v_all[:, at : at + n] = entry.v[:, piece.src_start : piece.src_end]
         if in_place:
             rotary = self._rotary()
             for rope, lo, hi in self._rope_runs:
                 for layer_k in k_post[lo:hi]:  # [tokens, kv_heads, head_dim], contiguous
-                    rotary(rope, positions, layer_k)
+                    rotary(rope, shifts, layer_k)
         slots = torch.as_tensor(op.slots(self.block_size), device=device)  # int64 [tokens]
         for index, (_, layer) in enumerate(layers):
             cache = _layer_cache(layer)
@@ -306,16 +329,17 @@ class InjectionWorker:
 
 
 class VllmRotary:
-    """``rotary(spec, positions, k)``: keys rotated in place by vLLM's own RoPE kernel
-    (``_C.rotary_embedding``, the one the model's forward runs on a CPU), fed a cos/sin table
-    computed from ``spec`` in fp32 by :func:`~inferscale_core.rope.cos_sin`, so yarn's scaling,
-    partial rotary and gptj pairs come out as :func:`rotate` does them (neox: bit-identical;
-    gptj: within an fp32 ulp). ``positions``: [tokens] int64; ``k``: [tokens, kv_heads,
-    head_dim], contiguous, fp32."""
+    """``rotary(spec, shifts, k)``: keys moved by ``shifts`` positions in place by vLLM's own
+    RoPE kernel (``_C.rotary_embedding``, the one the model's forward runs on a CPU), fed a
+    table of pure rotations (see :func:`~inferscale_core.rope.shift`) computed from ``spec`` in
+    fp32 by :func:`~inferscale_core.rope.cos_sin`, so partial rotary and gptj pairs come out as
+    ``shift`` does them (neox: bit-identical; gptj: within an fp32 ulp). ``shifts``: [tokens]
+    int64 in ``(-max_positions, max_positions)``; ``k``: [tokens, kv_heads, head_dim],
+    contiguous, fp32."""
 
     def __init__(self, op: Any, max_positions: int) -> None:
         self._op = op
-        self._max_positions = max_positions
+        self._reach = max_positions  # table row reach + s rotates by s
         self._tables: dict[RopeSpec, torch.Tensor] = {}
 
     @classmethod
@@ -329,13 +353,15 @@ class VllmRotary:
             return False
         return cls(op, max_positions)
 
-    def __call__(self, spec: RopeSpec, positions: torch.Tensor, k: torch.Tensor) -> None:
+    def __call__(self, spec: RopeSpec, shifts: torch.Tensor, k: torch.Tensor) -> None:
         table = self._tables.get(spec)
         if table is None:
-            cos, sin = cos_sin(spec, torch.arange(self._max_positions))  # [positions, rd // 2]
+            rows = torch.arange(-self._reach, self._reach)
+            cos, sin = cos_sin(pure_rotation(spec), rows)  # [2 * reach, rotary_dim // 2]
             table = self._tables[spec] = torch.cat([cos, sin], dim=-1).contiguous()
         tokens, heads, dim = k.shape
-        self._op(positions, k.view(tokens, heads * dim), None, dim, table, spec.is_neox_style)
+        rows = shifts + self._reach
+        self._op(rows, k.view(tokens, heads * dim), None, dim, table, spec.is_neox_style)
 
 
 def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
