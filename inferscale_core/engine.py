@@ -11,6 +11,9 @@ from typing import Any, Protocol
 from inferscale_core.composer import ComposedPrompt
 from inferscale_core.types import GenerationResult
 
+CHAT_PRIORITY = 0  # lower runs first (vLLM's priority scheduling)
+ENCODE_PRIORITY = 10  # encoding requests wait behind every chat turn (and step aside for it)
+
 
 class Engine(Protocol):
     fingerprint: str  # model fingerprint; stored KV must carry the same
@@ -28,8 +31,19 @@ class Engine(Protocol):
         self, prompt: ComposedPrompt | Sequence[int], **kwargs: Any
     ) -> GenerationResult: ...
 
+    def generate_batch(
+        self, prompts: Sequence[ComposedPrompt | Sequence[int]], **kwargs: Any
+    ) -> list[GenerationResult]:
+        """Submit all at once (``priority=`` among the kwargs); results in prompt order."""
+        ...
+
     def generate_json(
         self, prompt_ids: Sequence[int], schema: dict[str, Any], max_tokens: int = 256
     ) -> str:
         """Generate text constrained to ``schema`` (structured output); returns the raw text."""
+        ...
+
+    def wait_for_chat(self, timeout: float | None = None) -> bool:
+        """Return once no chat prompt waits for its first token (True), or after ``timeout``
+        (False): background work calls it between its steps, so a turn has the machine."""
         ...

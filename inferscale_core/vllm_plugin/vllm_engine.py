@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -12,7 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inferscale_core.composer import ComposedPrompt
+from inferscale_core.engine import CHAT_PRIORITY
 from inferscale_core.types import GenerationResult
+from inferscale_core.vllm_plugin.driver import DONE, EngineDriver, RequestFailed
 
 if TYPE_CHECKING:
     from inferscale_core.kvstore import KVStore
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
 CONNECTOR_MODULE = "inferscale_core.vllm_plugin.connector"
 CONNECTOR_CLASS = "InferScaleConnector"
 GPU_BLOCK_SIZE = 64  # tokens per KV-cache block on a GPU (see EngineOptions.block_size)
+CPU_STEP_TOKENS = 64  # prompt tokens per engine step on a CPU (see EngineOptions)
+GPU_STEP_TOKENS = 512  # on a GPU: within the CUDA-graph sizes (vLLM's LLM default: 16,384)
 
 
 @dataclass(slots=True)
@@ -45,6 +48,14 @@ class EngineOptions:
     # speed, on one machine (runs G-J). 256 measured the same as 64 on one machine (runs P, Q)
     # and caches prompts more coarsely (docs/DESIGN.md, "On the GPU").
     block_size: int | None = None
+    # Prompt tokens one engine step may compute (vLLM's chunked prefill): a chat turn arriving
+    # while encoding requests run waits for at most the step in flight. None: the product's,
+    # 64 on a CPU (with another user's backlog encoding, chat TTFT p90 was 2.3x idle at 128,
+    # 1.85x at 64, for 29% fewer facts encoded per second: bench app) and 512 on a GPU (an 8B
+    # step of 512 tokens takes ~15 ms on an H200; vLLM's 16,384 would hold a turn ~0.5 s).
+    # 0: vLLM's own (larger steps: throughput when serving many users; the latency benches'
+    # default, as every run before these settings).
+    max_num_batched_tokens: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # more LLM(...) keyword arguments
     # more connector settings (kv_connector_extra_config), e.g. the store's gpu_bytes/host_bytes
     connector_extra: dict[str, Any] = field(default_factory=dict)
@@ -89,6 +100,8 @@ class VllmEngine:
             enforce_eager=eager,
             enable_prefix_caching=options.enable_prefix_caching,
             seed=options.seed,
+            # Chat turns before waiting encoding requests (CHAT_PRIORITY, ENCODE_PRIORITY).
+            scheduling_policy="priority",
             kv_transfer_config=KVTransferConfig(
                 kv_connector=CONNECTOR_CLASS,
                 kv_connector_module_path=CONNECTOR_MODULE,
@@ -106,13 +119,31 @@ class VllmEngine:
         block_size = options.block_size or (GPU_BLOCK_SIZE if on_gpu else None)
         if block_size is not None:
             kwargs["block_size"] = block_size
+        step_tokens = options.max_num_batched_tokens
+        if step_tokens is None:
+            step_tokens = GPU_STEP_TOKENS if on_gpu else CPU_STEP_TOKENS
+        if step_tokens:
+            kwargs["max_num_batched_tokens"] = step_tokens
+            if on_gpu:  # vLLM wants a token per sequence a step may hold (its H200 default: 1,024)
+                kwargs["max_num_seqs"] = min(step_tokens, 1024)
         kwargs.update(options.extra)
         t0 = time.perf_counter()
         self.llm = LLM(**kwargs)
         self.startup_s = time.perf_counter() - t0
         self._engine = self.llm.llm_engine
-        self._lock = threading.Lock()
+        self._driver = EngineDriver(self._engine)  # the one thread that steps it
         self._ids = itertools.count()
+
+    @property
+    def step_tokens(self) -> int:
+        """Prompt tokens one engine step may compute (vLLM's max_num_batched_tokens)."""
+        return self._engine.vllm_config.scheduler_config.max_num_batched_tokens
+
+    @property
+    def background_preempted(self) -> int:
+        """Background (encoding) requests aborted so far to let a chat prompt go first; each
+        was added again after it (driver.py)."""
+        return self._driver.preempted
 
     @property
     def tokenizer(self) -> Any:
@@ -157,9 +188,10 @@ class VllmEngine:
         stop: Sequence[str] | None,
         prompt_logprobs: int | None,
         ignore_eos: bool = False,
+        json_schema: dict[str, Any] | None = None,
     ) -> Any:
         from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         extra = {"kv_transfer_params": kv_params} if kv_params else None
         return SamplingParams(
@@ -171,19 +203,21 @@ class VllmEngine:
             ignore_eos=ignore_eos,
             output_kind=RequestOutputKind.DELTA,
             extra_args=extra,
+            structured_outputs=StructuredOutputsParams(json=json_schema) if json_schema else None,
             # Made for this one request: vLLM may use it as is instead of deep-copying it (a
             # copy of the ~50-entry load list per request).
             skip_clone=True,
         )
 
-    def _request(
+    def _submit(
         self,
         prompt: ComposedPrompt | Sequence[int],
-        inject: bool,
-        cache_salt: str | None,
+        inject: bool = True,
+        cache_salt: str | None = None,
+        priority: int = CHAT_PRIORITY,
         **sampling: Any,
-    ) -> tuple[str, dict[str, Any], Any, GenerationResult]:
-        """``(request id, tokens prompt, sampling params, empty result)`` of one request."""
+    ) -> tuple[str, Any, GenerationResult, float]:
+        """Hand one request to the driver: ``(id, its output queue, empty result, t0)``."""
         composed = prompt if isinstance(prompt, ComposedPrompt) else None
         prompt_ids = list(composed.prompt_ids) if composed else list(prompt)  # type: ignore[arg-type]
         kv_params = composed.kv_transfer_params(self.fingerprint) if composed and inject else None
@@ -193,7 +227,15 @@ class VllmEngine:
             tokens_prompt["cache_salt"] = salt
         params = self._sampling_params(kv_params, **sampling)
         request_id = f"inferscale-{next(self._ids)}"
-        return request_id, tokens_prompt, params, GenerationResult(request_id, len(prompt_ids))
+        result = GenerationResult(request_id, len(prompt_ids))
+        t0 = time.perf_counter()
+        background = priority > CHAT_PRIORITY  # steps aside for chat prompts (driver.py)
+        return (
+            request_id,
+            self._driver.submit(request_id, tokens_prompt, params, priority, background),
+            result,
+            t0,
+        )
 
     def stream(
         self,
@@ -207,38 +249,42 @@ class VllmEngine:
         cache_salt: str | None = None,
         prompt_logprobs: int | None = None,
         ignore_eos: bool = False,
+        priority: int = CHAT_PRIORITY,
+        json_schema: dict[str, Any] | None = None,
     ) -> Iterator[tuple[str, GenerationResult]]:
         """Yield ``(text delta, running result)`` as tokens arrive; the last result is final.
 
         ``prompt`` is a composed memory request (its KV is injected when ``inject``) or plain
         token ids (prompt injection / no memory). TTFT is measured from submission to the
-        first streamed token.
+        step that produced the first token. Other requests (the memory worker's encodes) share
+        the engine's steps; ``priority`` (lower first) decides who waits.
         """
-        request_id, tokens_prompt, params, result = self._request(
+        request_id, outputs, result, t0 = self._submit(
             prompt,
             inject,
             cache_salt,
+            priority,
             max_tokens=max_tokens,
             temperature=temperature,
             logprobs=logprobs,
             stop=stop,
             prompt_logprobs=prompt_logprobs,
             ignore_eos=ignore_eos,
+            json_schema=json_schema,
         )
-        with self._lock:
-            t0 = time.perf_counter()
-            self._engine.add_request(request_id, tokens_prompt, params)
-            try:
-                while self._engine.has_unfinished_requests():
-                    for output in self._engine.step():
-                        if output.request_id != request_id:
-                            continue
-                        delta = _absorb(result, output, t0)
-                        if delta or output.finished:
-                            yield delta, result
-            except BaseException:  # cancelled (GeneratorExit) or failed: free its blocks
-                self._engine.abort_request([request_id])
-                raise
+        finished = False
+        try:
+            while (item := outputs.get()) is not DONE:
+                if isinstance(item, RequestFailed):
+                    raise item
+                at, output = item
+                delta = _absorb(result, output, t0, at)
+                finished = output.finished
+                if delta or finished:
+                    yield delta, result
+        finally:
+            if not finished:  # cancelled (GeneratorExit) or failed: free its blocks
+                self._driver.abort([request_id])
 
     def generate_batch(
         self,
@@ -250,18 +296,21 @@ class VllmEngine:
         logprobs: int | None = None,
         cache_salt: str | None = None,
         ignore_eos: bool = False,
+        priority: int = CHAT_PRIORITY,
     ) -> list[GenerationResult]:
-        """Submit every prompt at once and step until all finish (concurrent users).
+        """Submit every prompt at once and wait until all finish (concurrent users, or a wave
+        of encoding requests).
 
         The engine schedules them together, as a server would; each result's ``ttft_s`` and
         ``total_s`` count from the moment the whole batch was submitted. Results come back in
         the order of ``prompts``.
         """
-        requests = [
-            self._request(
+        submitted = [
+            self._submit(
                 prompt,
                 inject,
                 cache_salt,
+                priority,
                 max_tokens=max_tokens,
                 temperature=temperature,
                 logprobs=logprobs,
@@ -271,38 +320,32 @@ class VllmEngine:
             )
             for prompt in prompts
         ]
-        results = {request_id: result for request_id, _, _, result in requests}
-        with self._lock:
-            t0 = time.perf_counter()
-            for request_id, tokens_prompt, params, _ in requests:
-                self._engine.add_request(request_id, tokens_prompt, params)
-            try:
-                while self._engine.has_unfinished_requests():
-                    for output in self._engine.step():
-                        if output.request_id in results:
-                            _absorb(results[output.request_id], output, t0)
-            except BaseException:
-                self._engine.abort_request(list(results))
-                raise
-        return [result for _, _, _, result in requests]
+        t0 = submitted[0][3] if submitted else 0.0
+        pending = [request_id for request_id, *_ in submitted]
+        try:
+            for request_id, outputs, result, _ in submitted:
+                while (item := outputs.get()) is not DONE:
+                    if isinstance(item, RequestFailed):
+                        raise item
+                    at, output = item
+                    _absorb(result, output, t0, at)
+                pending.remove(request_id)
+        finally:
+            if pending:
+                self._driver.abort(pending)
+        return [result for _, _, result, _ in submitted]
 
     def generate_json(
         self, prompt_ids: Sequence[int], schema: dict[str, Any], max_tokens: int = 256
     ) -> str:
         """Greedy generation constrained to a JSON schema (vLLM structured outputs)."""
-        from vllm import SamplingParams
-        from vllm.sampling_params import StructuredOutputsParams
-
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=0.0,
-            structured_outputs=StructuredOutputsParams(json=schema),
-        )
-        with self._lock:
-            (output,) = self.llm.generate(
-                [{"prompt_token_ids": list(prompt_ids)}], params, use_tqdm=False
-            )
-        return output.outputs[0].text
+        final = None
+        for _, final in self.stream(  # noqa: B007 - the last one is final
+            list(prompt_ids), max_tokens=max_tokens, json_schema=schema
+        ):
+            pass
+        assert final is not None
+        return final.text
 
     def warm_up(self) -> float:
         """Run one short request so the first real one does not pay one-time set-up costs."""
@@ -318,10 +361,24 @@ class VllmEngine:
         assert final is not None
         return final
 
+    def wait_for_chat(self, timeout: float | None = None) -> bool:
+        """Return once no chat prompt waits for its first token (True), or after ``timeout``
+        (False). Background threads call it between units of work: on a CPU a busy Python
+        thread slows the engine's steps through the GIL (a 0.1 s turn took 3.9 s beside one)."""
+        return self._driver.foreground_idle.wait(timeout)
 
-def _absorb(result: GenerationResult, output: Any, t0: float) -> str:
-    """Fold one DELTA RequestOutput into ``result``; return its new text."""
-    now = time.perf_counter()
+    def on_engine_thread(self, fn: Any) -> Any:
+        """Run ``fn()`` on the thread that steps the engine, between steps (diagnostics)."""
+        return self._driver.call(fn)
+
+    def close(self) -> None:
+        """Stop the driver thread (the engine itself goes with the process)."""
+        self._driver.close()
+
+
+def _absorb(result: GenerationResult, output: Any, t0: float, now: float) -> str:
+    """Fold one DELTA RequestOutput (from the step that ended at ``now``) into ``result``;
+    return its new text."""
     completion = output.outputs[0]
     if completion.token_ids and result.ttft_s is None:
         result.ttft_s = now - t0
@@ -342,4 +399,5 @@ def _absorb(result: GenerationResult, output: Any, t0: float) -> str:
             result.injected_entries = list(report.get("entries") or [])
             result.refused = report.get("refused")
             result.entry_tiers = dict(report.get("tiers") or {})
+            result.captured = list(report.get("captured") or [])
     return completion.text
