@@ -1,162 +1,99 @@
-"""Reference encoder: pre-RoPE K and V of an entry, captured with Hugging Face forward hooks.
+"""Encoding a memory entry: its K/V as the serving engine computes them, captured in place.
 
-The entry's tokens are run after their context (the system prefix and, for a fact, its w
-preceding turns) in one forward pass; hooks where the model spec says the keys and values come
-out of each attention layer (``k_proj`` / ``v_proj``, or the k-norm after ``k_proj`` where a
-model has one) record the projections *before* rotary embedding,
-and only the entry's own tokens are kept. Hugging Face's ``past_key_values`` are post-RoPE and
-are never used as pre-RoPE. This path is simple and exact; it is the oracle for faster ones.
+An entry (a fact line, or the system prefix) is encoded by one prefill-only request through the
+same engine that answers the chat: ``[context ids + entry ids]``, where the context is the
+system prefix and the fact's w preceding turns. The request asks the connector to *capture* the
+entry's span; right after the forward that computes it, the connector copies its K/V out of the
+paged cache into the KV store (``vllm_plugin/capture.py``), keys post-RoPE at the positions
+they were computed at. One copy of the model serves both, the entry is exactly what the engine
+computes, and placed back at the same position it is the engine's own bytes.
+
+Encoding requests run at a lower priority than chat turns (vLLM's priority scheduling) and
+step aside while a chat prompt is computed (``vllm_plugin/driver.py``); they batch with each
+other and with the chat through continuous batching. The Hugging Face copy of the model is
+only the tests' oracle.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
-from pathlib import Path
+from dataclasses import dataclass
+from typing import Protocol
 
-import torch
+from inferscale_core.composer import ComposedPrompt, PlacedEntry
+from inferscale_core.engine import ENCODE_PRIORITY, Engine
+from inferscale_core.kvstore import KVStore
 
-from inferscale_core.model_spec import ModelSpec
-from inferscale_core.types import FactKV
+#: Goes into every entry's key and the fact log's record of what encodes a fact: entries of
+#: another version (the earlier Hugging Face encoder's pre-RoPE ones) are never injected, and
+#: the memory worker re-encodes their facts in the background.
+ENCODER_VERSION = "engine-capture/1"
 
-ENCODER_VERSION = "hf-hooks/1"
+
+@dataclass(frozen=True, slots=True)
+class EncodeItem:
+    """One entry to encode: its key, and its token ids after their context's."""
+
+    key: str
+    context_ids: Sequence[int]  # the system prefix and the context turns, before the entry
+    entry_ids: Sequence[int]  # the entry's own tokens (what is stored and injected)
 
 
-class HFReferenceEncoder:
-    """Encodes entries with a Hugging Face copy of the model (fp32 by default).
+class Encoder(Protocol):
+    version: str  # what the entries' keys and the fact log record
 
-    Thread-safe: the K/V are captured by forward hooks on the shared model, so one lock
-    serialises the passes (the memory worker and the chat thread's prefix encoding may
-    otherwise interleave and capture each other's tensors).
+    def encode(self, items: Sequence[EncodeItem]) -> None:
+        """Encode ``items`` into the store; every entry is there when this returns."""
+        ...
+
+
+class EncodeError(RuntimeError):
+    """The engine did not produce an entry (it refused the request, or it never arrived)."""
+
+
+class EngineEncoder:
+    """Encodes entries through the serving engine (see the module's docstring).
+
+    Args:
+        engine: the chat's engine, with the connector.
+        store: the KV store the connector writes the captured entries to.
+        cache_salt: keeps the encoding requests' prefix-cache blocks (exact, computed KV) apart
+            from the chat's (which may hold injected KV); shared by all encodings of one model,
+            so the system prefix and shared context turns are computed once.
+        timeout_s: how long to wait for the captured entries to be written.
     """
+
+    version = ENCODER_VERSION
 
     def __init__(
-        self,
-        model_dir: Path | str,
-        fingerprint: str,
-        dtype: torch.dtype = torch.float32,
-        device: str = "cpu",
-        *,
-        kv_dtype: torch.dtype = torch.float32,
-        kv_device: str = "cpu",
+        self, engine: Engine, store: KVStore, cache_salt: str, timeout_s: float = 120.0
     ) -> None:
-        from transformers import AutoModelForCausalLM
+        self.engine = engine
+        self.store = store
+        self.cache_salt = cache_salt
+        self.timeout_s = timeout_s
+        self.prefilled_tokens = 0  # prompt tokens the engine computed for encodings (a count)
 
-        model = AutoModelForCausalLM.from_pretrained(
-            str(model_dir), dtype=dtype, attn_implementation=attention_implementation(device)
-        ).to(device)
-        self._adopt(model, fingerprint, kv_dtype, kv_device)
-
-    @classmethod
-    def from_model(
-        cls,
-        model: torch.nn.Module,
-        fingerprint: str,
-        *,
-        kv_dtype: torch.dtype = torch.float32,
-        kv_device: str = "cpu",
-    ) -> HFReferenceEncoder:
-        """An encoder over an already-built model (e.g. random weights from a config: the GPU
-        benches time encoding on shapes whose weights are not here)."""
-        encoder = cls.__new__(cls)
-        encoder._adopt(model, fingerprint, kv_dtype, kv_device)
-        return encoder
-
-    def _adopt(
-        self, model: torch.nn.Module, fingerprint: str, kv_dtype: torch.dtype, kv_device: str
-    ) -> None:
-        self.fingerprint = fingerprint
-        self.model = model
-        self.model.eval()
-        self.device = next(model.parameters()).device
-        self.kv_dtype = kv_dtype  # what the entries hold: the serving KV cache's dtype
-        self.kv_device = torch.device(kv_device)
-        self._lock = threading.Lock()
-        self.spec = ModelSpec.from_hf_config(self.model.config)
-        self.num_kv_heads = self.spec.num_kv_heads
-        self.head_dim = self.spec.head_dim
-
-    def synchronize(self) -> None:
-        """Wait until the device has run the queued work (CUDA is asynchronous; CPU is not)."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def encode(self, key: str, context_ids: Sequence[int], entry_ids: Sequence[int]) -> FactKV:
-        """K/V of ``entry_ids`` as they are computed right after ``context_ids``."""
-        return self.encode_batch([(key, context_ids, entry_ids)])[0]
-
-    @torch.inference_mode()
-    def encode_batch(
-        self, items: Sequence[tuple[str, Sequence[int], Sequence[int]]]
-    ) -> list[FactKV]:
-        """Encode several ``(key, context_ids, entry_ids)`` in one forward pass.
-
-        Sequences are right-padded: under causal attention a token never sees what follows it,
-        so padding changes nothing for the real tokens and batching stays exact.
-        """
+    def encode(self, items: Sequence[EncodeItem]) -> None:
         if not items:
-            return []
-        for key, _, entry_ids in items:
-            if not entry_ids:
-                raise ValueError(f"entry {key} needs at least one token")
-        sequences = [list(ctx) + list(ids) for _, ctx, ids in items]
-        width = max(len(seq) for seq in sequences)
-        ids = torch.zeros(len(sequences), width, dtype=torch.long)  # [batch, width]
-        for row, seq in enumerate(sequences):
-            ids[row, : len(seq)] = torch.tensor(seq)
-        with self._lock:
-            keys, values = self._forward(ids)
-        batch, layers = len(sequences), len(keys)
-        k_all = torch.stack([t.reshape(batch, width, -1) for t in keys], dim=1)
-        v_all = torch.stack([t.reshape(batch, width, -1) for t in values], dim=1)
-        # k_all, v_all: [batch, layers, width, kv_heads * head_dim]
-        out = []
-        for row, (key, ctx, entry_ids) in enumerate(items):
-            start, n = len(ctx), len(entry_ids)
-            shape = (layers, n, self.num_kv_heads, -1)
-            k = self._owned(k_all[row, :, start : start + n].reshape(shape))
-            v = self._owned(v_all[row, :, start : start + n].reshape(shape))
-            # k, v: [layers, tokens, kv_heads, head_dim]
-            out.append(FactKV(key, list(entry_ids), k, v, self.fingerprint))
-        return out
-
-    def _owned(self, kv: torch.Tensor) -> torch.Tensor:
-        """A contiguous copy in the entry's dtype and place (never a view that would keep the
-        whole batch's K/V alive)."""
-        return kv.to(device=self.kv_device, dtype=self.kv_dtype, copy=True).contiguous()
-
-    def _forward(self, ids: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """One forward pass; the per-layer K (pre-RoPE) and V it computed. Hold the lock."""
-        keys: list[torch.Tensor] = []
-        values: list[torch.Tensor] = []
-        handles = []
-        for attn in self.spec.attention_modules(self.model):
-            # Where the spec says the pre-RoPE key comes out (after a k-norm, where one is).
-            k_module, v_module = self.spec.capture_modules(attn)
-            handles.append(k_module.register_forward_hook(_capture(keys)))
-            handles.append(v_module.register_forward_hook(_capture(values)))
-        try:
-            self.model.model(input_ids=ids.to(self.device), use_cache=False)
-        finally:
-            for handle in handles:
-                handle.remove()
-        return keys, values
-
-
-def attention_implementation(device: torch.device | str) -> str:
-    """Hugging Face attention for the encoder on ``device``.
-
-    CUDA gets ``sdpa`` (fused kernels; with no attention mask it runs causal, so right padding
-    still changes nothing for the real tokens). CPU keeps ``eager``: it is the reference the
-    exactness tests compare vLLM's prefill against.
-    """
-    return "sdpa" if torch.device(device).type == "cuda" else "eager"
-
-
-def _capture(sink: list[torch.Tensor]):
-    def hook(_module: torch.nn.Module, _inputs: object, output: torch.Tensor) -> None:
-        sink.append(
-            output.detach()
-        )  # [1, tokens, kv_heads * head_dim] or [1, tokens, kv_heads, head_dim]
-
-    return hook
+            return
+        prompts = []
+        for item in items:
+            if not item.entry_ids:
+                raise ValueError(f"entry {item.key} needs at least one token")
+            start = len(item.context_ids)
+            span = PlacedEntry(item.key, start, start + len(item.entry_ids))
+            ids = [*item.context_ids, *item.entry_ids]
+            prompts.append(ComposedPrompt(ids, [], [], self.cache_salt, captures=[span]))
+        results = self.engine.generate_batch(prompts, max_tokens=1, priority=ENCODE_PRIORITY)
+        self.prefilled_tokens += sum(result.computed_tokens for result in results)
+        for item, result in zip(items, results, strict=True):
+            if item.key not in result.captured:
+                why = result.refused or "the engine did not capture it"
+                raise EncodeError(f"entry {item.key} was not encoded: {why}")
+        missing = self.store.wait_for([item.key for item in items], self.timeout_s)
+        if missing:
+            raise EncodeError(
+                f"{len(missing)} captured entries were not written within {self.timeout_s:.0f} s"
+                f" (first: {missing[0]}); see the engine log"
+            )

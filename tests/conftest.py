@@ -60,9 +60,17 @@ def runtime(smollm2_path: Path, inferscale_home: Path):
 
 
 @pytest.fixture(scope="session")
-def hf_model(runtime):
-    """The Hugging Face copy of the same model (fp32, eager attention) used by the encoder."""
-    return runtime.builder.encoder.model
+def hf_oracle(runtime):
+    """The oracle: a Hugging Face copy of the same model (fp32, eager attention), tests only."""
+    from tests.support.hf_encoder import HFReferenceEncoder
+
+    return HFReferenceEncoder(runtime.model_dir, runtime.fingerprint)
+
+
+@pytest.fixture(scope="session")
+def hf_model(hf_oracle):
+    """The oracle's model (the engine's weights, in Hugging Face's implementation)."""
+    return hf_oracle.model
 
 
 @pytest.fixture

@@ -18,7 +18,8 @@ import torch
 
 from inferscale_core.composer import PlacedEntry
 from inferscale_core.prompt_builder import MemoryFact
-from tests.support.hf_oracle import logprobs_after_injected_kv, max_logprob_delta, stack_entries
+from inferscale_core.rope import RopeSpec
+from tests.support.hf_oracle import injected_kv, logprobs_after_injected_kv, max_logprob_delta
 
 pytestmark = pytest.mark.engine
 
@@ -70,9 +71,9 @@ def test_k5_injection_equals_hf_forward_on_the_same_kv(runtime, hf_model):
     assert injected.computed_tokens == len(composed.prompt_ids) - composed.span_end
     assert injected.injected_entries == [e.key for e in composed.entries]
 
-    k_pre, v = stack_entries([store.get(e.key) for e in composed.entries])
+    k_post, v = injected_kv(store, composed, RopeSpec.from_hf_config(hf_model.config))
     rest = composed.prompt_ids[composed.span_end :] + injected.token_ids[:-1]
-    expected = logprobs_after_injected_kv(hf_model, k_pre, v, rest, steps=STEPS)
+    expected = logprobs_after_injected_kv(hf_model, k_post, v, rest, steps=STEPS)
     for step, (lp_vllm, lp_hf) in enumerate(zip(injected.logprobs, expected, strict=True)):
         assert int(lp_hf.argmax()) == injected.token_ids[step]
         for token, value in lp_vllm.items():
@@ -266,3 +267,100 @@ def test_use_store_refuses_another_folder_or_model(runtime, tmp_path):
     with pytest.raises(ValueError, match="another-model"):
         scheduler.use_store(other)
     assert scheduler.scheduler.store is runtime.store
+
+
+def test_captured_kv_equals_the_oracle_for_the_same_tokens(runtime, hf_oracle):
+    """Encoding runs through the engine: the K/V the connector copies out of the paged cache
+    (keys post-RoPE where the fact sat) equal the Hugging Face oracle's for the same tokens."""
+    context = ("user: we moved house in spring", "assistant: how exciting!")
+    facts = [
+        MemoryFact("The new flat has a balcony facing the river.", date(2024, 4, 2), context),
+        MemoryFact("My sister Ana moved to Lisbon for a job in biotech.", date(2023, 6, 2)),
+    ]
+    entries = runtime.builder.encode_many(facts, "capture-vs-oracle")
+    for fact, (key, ids) in zip(facts, entries, strict=True):
+        stored = runtime.store.get(key)  # [layers, tokens, kv_heads, head_dim] each
+        context_ids = runtime.builder.context_ids(fact.context)
+        oracle = hf_oracle.encode_one(key, context_ids, ids)
+        assert stored.origin == oracle.origin == len(context_ids)
+        assert stored.k.shape == oracle.k.shape and stored.token_ids == oracle.token_ids
+        k_delta = (stored.k - oracle.k).abs().max().item()
+        v_delta = (stored.v - oracle.v).abs().max().item()
+        print(f"captured vs oracle: max |ΔK| {k_delta:.1e}, max |ΔV| {v_delta:.1e}")
+        assert k_delta <= TOLERANCE and v_delta <= TOLERANCE
+
+
+def test_a_chat_turn_goes_before_waiting_encoding_requests(runtime):
+    """Priority scheduling: encoding requests queued before a chat turn still wait behind it."""
+    import threading
+    import time
+
+    from inferscale_core.engine import ENCODE_PRIORITY
+
+    layout = runtime.builder.layout
+    items = []  # 48 prefill-only requests of ~600 tokens, each its own (no prefix-cache hits)
+    for i in range(48):
+        turns = [f"- user: on day {i}.{t} we talked about trains and weather\n" for t in range(40)]
+        items.append(list(layout.prefix_ids) + [t for line in turns for t in layout.fact_ids(line)])
+    finished: list[float] = []  # when each encoding request finished (perf_counter)
+
+    def encode_wave() -> None:  # submitted at once: the engine's step takes a few of them
+        t0 = time.perf_counter()
+        results = runtime.engine.generate_batch(items, max_tokens=1, priority=ENCODE_PRIORITY)
+        finished.extend(t0 + r.total_s for r in results)
+
+    wave = threading.Thread(target=encode_wave)
+    wave.start()
+    time.sleep(0.3)  # the wave is in the engine, most of it waiting
+    chat = runtime.engine.generate(runtime.builder.layout.suffix_ids("Hi there!"), max_tokens=1)
+    chat_done = time.perf_counter()
+    wave.join()
+    after = sum(t > chat_done for t in finished)
+    print(f"chat TTFT {chat.ttft_s:.2f} s; {after} of {len(finished)} encodes finished after it")
+    # First come, first served, it would wait for every request queued before it (0 after it).
+    assert after >= len(finished) // 2, "the chat turn waited behind the encoding requests"
+
+
+def test_encoding_steps_aside_for_a_chat_turn_and_loses_nothing(runtime, hf_oracle):
+    """A chat turn arriving mid-wave aborts the encoding requests still in their prefill
+    (driver.py); they are added again after the turn's first token, and every entry is then
+    what the oracle computes for its tokens: nothing lost, nothing half-captured."""
+    import threading
+    import time
+
+    from inferscale_core.composer import entry_key, fact_line
+    from inferscale_core.encoding import EncodeItem
+
+    builder = runtime.builder
+    items = []
+    for i in range(12):  # ~700-token contexts: several engine steps each on a CPU
+        turns = [f"user: on day {i}.{t} the ferry to the island ran late again" for t in range(30)]
+        context = builder.context_ids(turns)
+        ids = builder.layout.fact_ids(fact_line(f"Fact {i}: the spare key is in box {i * 3}."))
+        key = entry_key("fact", builder.fingerprint, "steps-aside", i, tuple(context), tuple(ids))
+        items.append(EncodeItem(key, context, ids))
+    before = runtime.engine.background_preempted
+    failures: list[BaseException] = []
+
+    def encode() -> None:
+        try:
+            builder.encoder.encode(items)
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    wave = threading.Thread(target=encode)
+    wave.start()
+    time.sleep(0.3)  # the wave is in the engine
+    chat = runtime.engine.generate(builder.layout.suffix_ids("What ran late?"), max_tokens=1)
+    wave.join()
+    assert not failures, failures
+    assert chat.token_ids
+    preempted = runtime.engine.background_preempted - before
+    print(f"chat TTFT {chat.ttft_s:.2f} s; {preempted} encoding requests stepped aside")
+    assert preempted > 0, "the encoding requests did not step aside for the chat turn"
+    for item in items:
+        stored = runtime.store.get(item.key)
+        oracle = hf_oracle.encode_one(item.key, item.context_ids, item.entry_ids)
+        assert stored.origin == len(item.context_ids) and stored.token_ids == oracle.token_ids
+        assert (stored.k - oracle.k).abs().max().item() <= TOLERANCE
+        assert (stored.v - oracle.v).abs().max().item() <= TOLERANCE

@@ -6,7 +6,9 @@ from collections.abc import Sequence
 
 import torch
 
-from inferscale_core.rope import RopeSpec, rotate
+from inferscale_core.composer import ComposedPrompt
+from inferscale_core.kvstore import KVStore
+from inferscale_core.rope import RopeSpec, shift
 from inferscale_core.types import FactKV
 
 
@@ -15,24 +17,36 @@ def stack_entries(entries: Sequence[FactKV]) -> tuple[torch.Tensor, torch.Tensor
     return torch.cat([e.k for e in entries], dim=1), torch.cat([e.v for e in entries], dim=1)
 
 
+def injected_kv(
+    store: KVStore, composed: ComposedPrompt, spec: RopeSpec
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What injection puts in the cache for ``composed``'s span, computed plainly: each entry's
+    stored keys moved from their origin to their place (``rope.shift``, fp32), and its values.
+    k, v: [layers, span, kv_heads, head_dim] fp32, positions 0..span-1."""
+    ks, vs = [], []
+    for placed in composed.entries:
+        entry = store.get(placed.key)
+        ks.append(shift(entry.k.float(), placed.start - entry.origin, spec))
+        vs.append(entry.v.float())
+    return torch.cat(ks, dim=1), torch.cat(vs, dim=1)
+
+
 @torch.inference_mode()
 def logprobs_after_injected_kv(
     model: torch.nn.Module,
-    k_pre: torch.Tensor,  # [layers, span, kv_heads, head_dim] pre-RoPE, positions 0..span-1
+    k_post: torch.Tensor,  # [layers, span, kv_heads, head_dim] post-RoPE at 0..span-1
     v: torch.Tensor,  # [layers, span, kv_heads, head_dim]
     rest_ids: Sequence[int],  # the prompt after the span, then any generated tokens to score
     steps: int,
 ) -> list[torch.Tensor]:
     """Log-probabilities ([vocab]) at the last ``steps`` positions of ``rest_ids``.
 
-    The cache holds exactly the injected KV (re-rotated to positions 0..span-1), so every
-    token after the span attends to it as vLLM's would.
+    The cache holds exactly the injected KV (see :func:`injected_kv`), so every token after
+    the span attends to it as vLLM's would.
     """
     from transformers import DynamicCache
 
-    spec = RopeSpec.from_hf_config(model.config)
-    span = k_pre.shape[1]
-    k_post = rotate(k_pre.float(), torch.arange(span), spec)  # [layers, span, kv_heads, head_dim]
+    span = k_post.shape[1]
     weight = next(model.parameters())  # the model's device and dtype (bf16 on a GPU)
     cache = DynamicCache(config=model.config)
     for layer in range(k_post.shape[0]):

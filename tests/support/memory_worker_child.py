@@ -15,20 +15,20 @@ def main(db: Path, store_root: Path, model_dir: Path) -> None:
     from transformers import AutoTokenizer
 
     from inferscale_core.composer import ChatLayout
-    from inferscale_core.encoding import HFReferenceEncoder
     from inferscale_core.extractor import DeterministicExtractor
     from inferscale_core.factlog import FactLog
     from inferscale_core.fingerprint import model_fingerprint
     from inferscale_core.kvstore import KVStore
     from inferscale_core.memory_worker import MemoryWorker
     from inferscale_core.prompt_builder import PromptBuilder
+    from tests.support.hf_encoder import HFReferenceEncoder
 
     fingerprint = model_fingerprint(model_dir)
     layout = ChatLayout(AutoTokenizer.from_pretrained(str(model_dir)), "Test system prompt.")
-    store = KVStore(store_root)
-    builder = PromptBuilder(
-        layout, HFReferenceEncoder(model_dir, fingerprint), store, batch_size=32
-    )
+    store = KVStore(store_root, fingerprint=fingerprint)
+    encoder = HFReferenceEncoder(model_dir, fingerprint)  # the oracle: no engine in the child
+    encoder.store = store
+    builder = PromptBuilder(layout, encoder, store, batch_size=32)
     profile_id = FactLog.open(db).profile("default")
     worker = MemoryWorker(
         lambda: FactLog.open(db),

@@ -2,8 +2,15 @@
 
 A pytest session may hold one vLLM engine (the SmolLM2 one), so this check runs as a script:
 ``python tests/support/tiny_llama_check.py WORKDIR TOKENIZER_DIR [DTYPE]`` builds a 2-layer random
-Llama with ``rope_type="llama3"``, injects k=1 and k=5 facts, and prints one JSON line with the
-measured |Δ logprob| (k=1 vs full prefill; k=5 vs a Hugging Face forward on the same injected KV).
+Llama with ``rope_type="llama3"``, encodes facts through the engine (captured from its cache),
+injects k=1 and k=5, and prints one JSON line with the measured |Δ logprob|:
+
+* k=1, the fact placed where it was encoded (right after the system prefix): against the full
+  prefill of the same prompt; the injected keys are the engine's own bytes;
+* the same fact stored pre-RoPE instead (un-rotated in fp32, rounded to the cache dtype, rotated
+  back on load): the alternative stored form, for the design's choice;
+* k=5, facts 2-5 placed after the ones before them (moved from where they were encoded): against
+  a Hugging Face forward fed the same injected KV.
 """
 
 from __future__ import annotations
@@ -55,10 +62,12 @@ def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
     from inferscale_core import wiring
     from inferscale_core.config import AppConfig
     from inferscale_core.prompt_builder import MemoryFact
+    from inferscale_core.rope import RopeSpec, rotate, unrotate
+    from inferscale_core.types import FactKV
     from tests.support.hf_oracle import (
+        injected_kv,
         logprobs_after_injected_kv,
         max_logprob_delta,
-        stack_entries,
         steps_in_common,
     )
 
@@ -117,11 +126,30 @@ def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
     in_place_before = engine.load_stats.in_place
     inj5 = engine.generate(composed5, max_tokens=STEPS, logprobs=5)
     stats = engine.load_stats
-    k_pre, v = stack_entries([runtime.store.get(e.key) for e in composed5.entries])
-    rest = composed5.prompt_ids[composed5.span_end :] + inj5.token_ids[:-1]
-    oracle = logprobs_after_injected_kv(
-        builder.encoder.model, k_pre, v, rest, steps=len(inj5.token_ids)
+    from transformers import AutoModelForCausalLM
+
+    hf_dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=hf_dtype).to(
+        "cuda" if torch.cuda.is_available() else "cpu"
     )
+    spec = RopeSpec.from_hf_config(hf.config)
+    k_post, v = injected_kv(runtime.store, composed5, spec)
+    rest = composed5.prompt_ids[composed5.span_end :] + inj5.token_ids[:-1]
+    oracle = logprobs_after_injected_kv(hf, k_post, v, rest, steps=len(inj5.token_ids))
+
+    # The other stored form, pre-RoPE: the captured fact un-rotated in fp32 and rounded to the
+    # cache dtype, as a store of pre-RoPE keys would hold it, then rotated back when loaded.
+    fact_key = composed1.fact_keys[0]
+    captured = runtime.store.get(fact_key)
+    positions = torch.arange(captured.origin, captured.origin + len(captured.token_ids))
+    pre = unrotate(captured.k.float(), positions, spec).to(captured.k.dtype)
+    back = rotate(pre.float(), positions, spec).to(captured.k.dtype)
+    alt_key = fact_key + "-prerope"
+    runtime.store.put(
+        FactKV(alt_key, captured.token_ids, back, captured.v, captured.fingerprint, captured.origin)
+    )
+    alt = builder.compose([(alt_key, captured.token_ids)], question)
+    inj1_pre = engine.generate(alt, max_tokens=STEPS, logprobs=5, cache_salt="tiny-prerope")
     delta5 = max(
         abs(value - float(expected[token]))
         for step, expected in zip(inj5.logprobs, oracle, strict=True)
@@ -137,6 +165,12 @@ def main(workdir: Path, tokenizer_dir: Path, dtype: str = "auto") -> dict:
         "dtype": dtype,
         # Compared up to the first step where the greedy tokens differ (see max_logprob_delta).
         "k1_delta": max_logprob_delta(full.logprobs, inj1.logprobs, full.token_ids, inj1.token_ids),
+        "k1_shift": runtime.store.header(fact_key).origin - composed1.entries[1].start,
+        "k1_prerope_delta": max_logprob_delta(
+            full.logprobs, inj1_pre.logprobs, full.token_ids, inj1_pre.token_ids
+        ),
+        "prerope_keys_changed": float((back != captured.k).float().mean()),  # share of elements
+        "k5_shifts": [e.start - runtime.store.header(e.key).origin for e in composed5.entries[1:]],
         "k1_first_step_delta": max_logprob_delta(full.logprobs[:1], inj1.logprobs[:1]),
         "k1_steps_before_divergence": steps_in_common(full.token_ids, inj1.token_ids),
         "k1_steps": len(full.token_ids),

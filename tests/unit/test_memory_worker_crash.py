@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from inferscale_core.encoding import ENCODER_VERSION
 from inferscale_core.factlog import FactLog
 from inferscale_core.fingerprint import model_fingerprint
 from tests.support import REPO, SUPPORT
+from tests.support.hf_encoder import ORACLE_VERSION as ENCODER_VERSION
 
 CHILD = SUPPORT / "memory_worker_child.py"
 N_FACTS = 1000

@@ -1,8 +1,9 @@
-"""HFReferenceEncoder on a 3-layer random SmolLM2-shaped model (CPU, no weights needed).
+"""The tests' oracle encoder (HFReferenceEncoder) on a 3-layer random SmolLM2-shaped model.
 
-CUDA runs the encoder with ``sdpa`` attention; here we check on the CPU that a right-padded
+CUDA runs the oracle with ``sdpa`` attention; here we check on the CPU that a right-padded
 ``sdpa`` batch gives what ``eager`` gives for each entry alone (the claim that choice rests on),
-and that entries come out in the asked dtype, each owning its memory.
+that entries come out in the asked dtype, each owning its memory, and that their keys are the
+pre-RoPE projections rotated to where the entry sat (the product's stored form).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import pytest
 import torch
 
 from bench.dummy import write_dummy_config
-from inferscale_core.encoding import HFReferenceEncoder, attention_implementation
+from inferscale_core.rope import RopeSpec, unrotate
+from tests.support.hf_encoder import HFReferenceEncoder, attention_implementation
 
 
 def _model(model_dir: Path, attention: str) -> torch.nn.Module:
@@ -50,7 +52,7 @@ def test_sdpa_right_padded_batch_equals_eager_alone(model_dir):
     sdpa = HFReferenceEncoder.from_model(_model(model_dir, "sdpa"), "fp")
     items = _items()
     for item, entry in zip(items, sdpa.encode_batch(items), strict=True):
-        alone = eager.encode(*item)
+        alone = eager.encode_one(*item)
         assert entry.k.shape == alone.k.shape == (3, len(item[2]), 3, 64)
         torch.testing.assert_close(entry.k, alone.k, rtol=0, atol=1e-5)
         torch.testing.assert_close(entry.v, alone.v, rtol=0, atol=1e-5)
@@ -64,3 +66,21 @@ def test_entries_have_the_serving_dtype_and_own_their_memory(model_dir):
         for t in (entry.k, entry.v):  # [layers, tokens, kv_heads, head_dim]
             assert t.dtype == torch.bfloat16 and t.device.type == "cpu" and t.is_contiguous()
             assert t.untyped_storage().nbytes() == t.nbytes  # not a view of the whole batch
+
+
+def test_keys_are_post_rope_at_the_entrys_own_positions(model_dir):
+    model = _model(model_dir, "eager")
+    encoder = HFReferenceEncoder.from_model(model, "fp")
+    context, ids = list(range(10, 47)), list(range(60, 69))
+    entry = encoder.encode_one("e", context, ids)
+    assert entry.origin == len(context)
+    captured: list[torch.Tensor] = []
+    layer = model.model.layers[1].self_attn
+    handle = layer.k_proj.register_forward_hook(lambda m, i, o: captured.append(o.detach()))
+    with torch.inference_mode():
+        model.model(input_ids=torch.tensor([context + ids]), use_cache=False)
+    handle.remove()
+    pre = captured[0][0, len(context) :].reshape(len(ids), 3, 64)  # [tokens, kv_heads, head_dim]
+    spec = RopeSpec.from_hf_config(model.config)
+    positions = torch.arange(entry.origin, entry.origin + len(ids))
+    torch.testing.assert_close(unrotate(entry.k[1], positions, spec), pre, rtol=0, atol=1e-5)
