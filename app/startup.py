@@ -31,19 +31,14 @@ def build_assistant(
     *,
     verbose: bool = False,
     model_progress: bool = False,
-    with_engine: bool = True,
 ) -> wiring.Assistant:
     """:func:`wiring.build` with the engine's logs quiet unless ``verbose``."""
     if not verbose:
         quiet_engine_logs()
-    return wiring.build(
-        config, on_step=on_step, model_progress=model_progress, with_engine=with_engine
-    )
+    return wiring.build(config, on_step=on_step, model_progress=model_progress)
 
 
-def open_assistant(
-    config: AppConfig, console: Console, verbose: bool = False, with_engine: bool = True
-) -> wiring.Assistant:
+def open_assistant(config: AppConfig, console: Console, verbose: bool = False) -> wiring.Assistant:
     """:func:`build_assistant` with a spinner on ``console`` naming each step."""
     with console.status("preparing the model…") as status:
         return build_assistant(
@@ -51,5 +46,4 @@ def open_assistant(
             lambda step: status.update(STEP_HINTS.get(step, step + "…")),
             verbose=verbose,
             model_progress=True,
-            with_engine=with_engine,
         )

@@ -50,7 +50,11 @@ class PlacedEntry:
 
 @dataclass(frozen=True, slots=True)
 class ComposedPrompt:
-    """A memory request: its token ids, where each entry sits, and what the KV load covers."""
+    """A memory request: its token ids, where each entry sits, and what the KV load covers.
+
+    An encoding request carries ``captures`` instead: spans of its prompt whose K/V the
+    connector copies out of the cache, as new entries, once the engine has computed them.
+    """
 
     prompt_ids: list[int]
     entries: list[PlacedEntry]  # the system prefix first, then the facts in prompt order
@@ -58,6 +62,7 @@ class ComposedPrompt:
     # Keeps injected (approximate) KV apart from prompt-computed KV in vLLM's prefix cache:
     # blocks are shared only between requests whose entries were encoded the same way.
     cache_salt: str | None = None
+    captures: list[PlacedEntry] = field(default_factory=list)  # spans to store as entries
 
     @property
     def span_end(self) -> int:
@@ -72,13 +77,14 @@ class ComposedPrompt:
 
         Only msgpack-safe values (str, int, lists), as vLLM ships them between processes.
         """
-        return {
-            KV_PARAMS_KEY: {
-                "v": KV_PARAMS_VERSION,
-                "fingerprint": fingerprint,
-                "entries": [[e.key, e.start, e.end] for e in self.entries],
-            }
+        ours: dict[str, Any] = {
+            "v": KV_PARAMS_VERSION,
+            "fingerprint": fingerprint,
+            "entries": [[e.key, e.start, e.end] for e in self.entries],
         }
+        if self.captures:
+            ours["capture"] = [[e.key, e.start, e.end] for e in self.captures]
+        return {KV_PARAMS_KEY: ours}
 
 
 def fact_line(text: str, when: date | datetime | None = None) -> str:
@@ -142,8 +148,8 @@ class ChatLayout:
         """Token ids of one fact line, tokenized alone (as stored with its KV)."""
         return self.tokenizer.encode(line, add_special_tokens=False)
 
-    def prefix_key(self, fingerprint: str) -> str:
-        return entry_key("prefix", fingerprint, tuple(self.prefix_ids))
+    def prefix_key(self, fingerprint: str, encoder_version: str) -> str:
+        return entry_key("prefix", fingerprint, encoder_version, tuple(self.prefix_ids))
 
     def compose(
         self,

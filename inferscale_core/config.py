@@ -1,15 +1,16 @@
 """The user's settings: one TOML file (``paths.config_file()``), read by the CLI and the TUI.
 
-Imports nothing from the project but the leaf :mod:`inferscale_core.files`. A missing file means the
-defaults; a bad value is a :class:`ConfigError` that names the file, the key and what is allowed, so
-the user can fix it by hand. :func:`save` writes atomically (temporary file, fsync, rename), mode
-0600.
+Imports nothing from the project but the leaves :mod:`inferscale_core.files` and
+:mod:`inferscale_core.context_window`. A missing file means the defaults; a bad value is a
+:class:`ConfigError` that names the file, the key and what is allowed, so the user can fix it by
+hand. :func:`save` writes atomically (temporary file, fsync, rename), mode 0600.
 
 Example file::
 
     model = "/models/Llama-3.1-8B-Instruct"   # leave out for the embedded SmolLM2
     k = 10              # facts retrieved per reply
     w = 20              # context turns each fact is encoded with
+    window = "anchored" # anchored | sliding: which turns (see context_window.py)
     gpu_pool_gib = 0    # device tier of the KV store (0: none)
     profile = "default"
     extractor = "auto"  # auto | deterministic | llm
@@ -21,6 +22,8 @@ import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from inferscale_core.context_window import ANCHORED, WINDOWS
 
 EXTRACTORS = ("auto", "deterministic", "llm")
 
@@ -34,6 +37,7 @@ class AppConfig:
     model: str | None = None  # local Hugging Face folder; None = the embedded SmolLM2
     k: int = 10  # facts retrieved per reply
     w: int = 20  # context turns each fact is encoded with
+    window: str = ANCHORED  # which turns: anchored | sliding (inferscale_core.context_window)
     gpu_pool_gib: float = 0  # size of the KV store's device tier; 0 = no device tier
     profile: str = "default"  # whose memory (one fact log holds several profiles)
     extractor: str = "auto"  # auto: deterministic for the embedded model, the LLM otherwise
@@ -53,6 +57,8 @@ class AppConfig:
             raise ConfigError(f"gpu_pool_gib must be a number of GiB >= 0, got {gib!r}")
         if not isinstance(self.profile, str) or not self.profile.strip():
             raise ConfigError(f"profile must be a non-empty name, got {self.profile!r}")
+        if self.window not in WINDOWS:
+            raise ConfigError(f"window must be one of {', '.join(WINDOWS)}; got {self.window!r}")
         if self.extractor not in EXTRACTORS:
             raise ConfigError(
                 f"extractor must be one of {', '.join(EXTRACTORS)}; got {self.extractor!r}"

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from inferscale_core.composer import fact_line
-from inferscale_core.encoding import ENCODER_VERSION
+from inferscale_core.context_window import ANCHORED, encoding_version
 from inferscale_core.extractor import Extractor, FactOp
 from inferscale_core.factlog import FactLog, InactiveFactError
 from inferscale_core.kvstore import KVStore
@@ -62,6 +62,10 @@ def context_line(turn: Turn) -> str:
     return fact_line(f"{turn.speaker}: {turn.text}", turn.timestamp)
 
 
+class _ChatTurn(Exception):
+    """A chat turn started (pause()) before this batch did anything: it is redone after."""
+
+
 class MemoryWorker:
     """Runs extraction and encoding for one profile in a background thread.
 
@@ -71,6 +75,8 @@ class MemoryWorker:
     over it, used to find the facts similar to a turn (update/delete targets, near-duplicates) and
     to store new facts' embeddings. ``on_change(added, removed)`` is told which fact ids were
     extracted or stopped being facts, so the chat thread can update its own index.
+    ``pause()`` holds it for its own user's turns; ``wait_for_chat`` (the engine's) makes it
+    step aside, between turns and batches, for any user's turn.
     """
 
     def __init__(
@@ -81,10 +87,12 @@ class MemoryWorker:
         store: KVStore,
         extractor: Extractor,
         w: int = 20,
+        window: str = ANCHORED,
         batch_size: int = 16,
         on_change: Callable[[list[int], list[int]], None] = lambda added, removed: None,
         make_retriever: Callable[[FactLog], Retriever] | None = None,
         poll_seconds: float = 1.0,
+        wait_for_chat: Callable[[float], bool] | None = None,
     ) -> None:
         self.open_log = open_log
         self.profile_id = profile_id
@@ -92,11 +100,15 @@ class MemoryWorker:
         self.store = store
         self.extractor = extractor
         self.w = w
+        self.window = window
         self.batch_size = batch_size
         self.on_change = on_change
         self.make_retriever = make_retriever
         self._retriever: Retriever | None = None
         self.poll_seconds = poll_seconds
+        # The engine's Engine.wait_for_chat: called between turns and batches, so that this
+        # thread's Python work never competes with a chat turn's prompt (any profile's).
+        self.wait_for_chat = wait_for_chat
         self.stats = WorkerStats()
         self._rate = _Rate()
         self._wake = threading.Event()
@@ -112,6 +124,11 @@ class MemoryWorker:
         self._wakes = 0
         self._idle_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+
+    @property
+    def encoding(self) -> str:
+        """What the fact log records as this worker's encoding of a fact (beside model and w)."""
+        return encoding_version(self.builder.encoder_version, self.w, self.window)
 
     # ---- control (any thread) ----
     def start(self) -> MemoryWorker:
@@ -169,6 +186,8 @@ class MemoryWorker:
                 try:
                     did = self._extract_batch(factlog) + self._encode_batch(factlog)
                     self._refresh_counts(factlog)
+                except _ChatTurn:  # a chat turn: the batch is redone after it
+                    continue
                 except Exception as exc:  # keep the thread alive; report it
                     self.stats.errors += 1
                     self.stats.last_error = f"{type(exc).__name__}: {exc}"
@@ -190,7 +209,7 @@ class MemoryWorker:
         self.stats.pending_turns = len(factlog.turns(self.profile_id, after_id=cursor))
         self.stats.pending_facts = len(
             factlog.facts_without_kv(
-                self.profile_id, self.builder.fingerprint, self.w, ENCODER_VERSION
+                self.profile_id, self.builder.fingerprint, self.w, self.encoding
             )
         )
 
@@ -201,23 +220,37 @@ class MemoryWorker:
             return 0
         added: list[int] = []
         removed: list[int] = []
+        done = 0
         for turn_id, turn in turns:
+            if self._pauses and not done:  # a chat turn started: it gets the machine
+                raise _ChatTurn
+            if self._pauses:
+                break
+            self._step_aside()
+            new_added, new_removed = len(added), len(removed)
             similar = self._similar_facts(turn.text)
             for op in self.extractor.extract(turn, similar):
                 if op.op == "add" and self._is_near_duplicate(op.text):
                     continue
                 self._apply(factlog, op, turn_id, added, removed)
             factlog.set_extraction_cursor(self.profile_id, turn_id)
+            done += 1
             if self._retriever is not None:  # index (and store embeddings) turn by turn
-                for fact_id in removed:
+                for fact_id in removed[new_removed:]:
                     self._retriever.remove(fact_id)
                 self._retriever.add_many(
-                    [f for f in (factlog.get_fact(i) for i in added) if f is not None]
+                    [f for f in (factlog.get_fact(i) for i in added[new_added:]) if f is not None]
                 )
         self.stats.extracted_facts += len(added)
         if added or removed:
             self.on_change(added, removed)
-        return len(turns)
+        return done
+
+    def _step_aside(self) -> None:
+        """Wait while a chat turn's prompt is being computed (see ``wait_for_chat``)."""
+        if self.wait_for_chat is not None:
+            while not self._stop.is_set() and not self.wait_for_chat(self.poll_seconds):
+                pass
 
     def _similar_facts(self, text: str, k: int = 5) -> list[Fact]:
         if self._retriever is None:
@@ -266,17 +299,22 @@ class MemoryWorker:
     def _memory_fact(self, factlog: FactLog, fact: Fact) -> MemoryFact:
         context: tuple[str, ...] = ()
         if self.w and fact.source_turn_ids:
-            turns = factlog.turns_before(fact.source_turn_ids[0], self.w)
+            turns = factlog.context_turns(fact.source_turn_ids[0], self.w, self.window)
             context = tuple(context_line(t) for t in turns)
         return MemoryFact(fact.text, fact.refers_to, context)
 
     def _encode_batch(self, factlog: FactLog) -> int:
         fingerprint = self.builder.fingerprint
         facts = factlog.facts_without_kv(
-            self.profile_id, fingerprint, self.w, ENCODER_VERSION, limit=self.batch_size
+            self.profile_id,
+            fingerprint,
+            self.w,
+            self.encoding,
+            limit=self.batch_size,
         )
         if not facts:
             return 0
+        self._step_aside()
         t0 = time.perf_counter()
         memory = [self._memory_fact(factlog, fact) for fact in facts]
         spaces = [f"{fact.profile_id}/{fact.id}" for fact in facts]
@@ -286,7 +324,13 @@ class MemoryWorker:
             nbytes = self.store.header(key).nbytes
             try:
                 replaced = factlog.record_kv(
-                    fact.id, fingerprint, self.w, ENCODER_VERSION, key, len(ids), nbytes
+                    fact.id,
+                    fingerprint,
+                    self.w,
+                    self.encoding,
+                    key,
+                    len(ids),
+                    nbytes,
                 )
             except InactiveFactError:  # forgotten while we encoded it: drop the tensors
                 self.store.delete(key)

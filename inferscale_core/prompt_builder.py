@@ -1,37 +1,28 @@
 """Turns retrieved facts and a question into a composed request whose KV is in the store.
 
 It owns the pieces that must agree with each other: the chat layout (token ids), the encoder
-(pre-RoPE KV of those ids) and the store (where the connector finds them). Entries are keyed by
-content (model fingerprint, encoder version, context, token ids), so a fact is encoded once per
-context and every later request reuses it.
+(the KV of those ids, as the engine computes them) and the store (where the connector finds
+them). Entries are keyed by content (model fingerprint, encoder version, context, token ids),
+so a fact is encoded once per context and every later request reuses it.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
 
-import torch
-
 from inferscale_core.composer import ChatLayout, ComposedPrompt, entry_key, fact_line
-from inferscale_core.encoding import ENCODER_VERSION, HFReferenceEncoder
+from inferscale_core.context_window import ANCHORED, encoding_version
+from inferscale_core.encoding import EncodeItem, Encoder, EngineEncoder
+from inferscale_core.engine import Engine
 from inferscale_core.kvstore import KVStore
 
 
 def default_system_prompt() -> str:
     """The assistant's system prompt, shipped beside this module (``system_prompt.txt``)."""
     return (Path(__file__).with_name("system_prompt.txt")).read_text(encoding="utf-8")
-
-
-def gpu_serving_dtype(model_dir: Path) -> torch.dtype:
-    """The dtype vLLM's ``dtype="auto"`` serves a checkpoint in on a GPU: its own if it is
-    float16 or bfloat16, else (float32) bfloat16."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    name = config.get("torch_dtype") or config.get("dtype") or "float32"
-    return torch.float16 if name == "float16" else torch.bfloat16
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,39 +36,43 @@ class MemoryFact:
 
 class PromptBuilder:
     def __init__(
-        self, layout: ChatLayout, encoder: HFReferenceEncoder, store: KVStore, batch_size: int = 16
+        self, layout: ChatLayout, encoder: Encoder, store: KVStore, batch_size: int = 16
     ) -> None:
         self.layout = layout
         self.batch_size = batch_size
         self.encoder = encoder
         self.store = store
-        self.fingerprint = encoder.fingerprint
-        self.prefix_key = layout.prefix_key(self.fingerprint)
+        if store.fingerprint is None:
+            raise ValueError("the prompt builder's store must know its model's fingerprint")
+        self.fingerprint: str = store.fingerprint
+        self.prefix_key = layout.prefix_key(self.fingerprint, encoder.version)
 
     @classmethod
-    def for_model(cls, model_dir: Path, store: KVStore, system_prompt: str) -> PromptBuilder:
-        """The builder of a local model folder: its chat layout and a reference encoder,
-        writing to ``store`` (no inference engine needed)."""
+    def for_model(
+        cls, model_dir: Path, store: KVStore, system_prompt: str, engine: Engine
+    ) -> PromptBuilder:
+        """The builder of a local model folder: its chat layout, encoding through ``engine``
+        into ``store``."""
         from transformers import AutoTokenizer
 
         layout = ChatLayout(AutoTokenizer.from_pretrained(str(model_dir)), system_prompt)
-        if torch.cuda.is_available():  # beside vLLM on the GPU, in the serving cache's dtype
-            dtype = gpu_serving_dtype(model_dir)
-            encoder = HFReferenceEncoder(
-                model_dir, store.fingerprint, dtype, "cuda", kv_dtype=dtype
-            )
-        else:  # on a CPU the engine runs fp32 too
-            encoder = HFReferenceEncoder(model_dir, store.fingerprint)
-        return cls(layout, encoder, store)
+        salt = f"inferscale-encode/{EngineEncoder.version}/{store.fingerprint}"
+        return cls(layout, EngineEncoder(engine, store, salt), store)
 
-    def cache_salt(self, w: int) -> str:
+    @property
+    def encoder_version(self) -> str:
+        """What the fact log records as encoding a fact (entries of another are stale)."""
+        return self.encoder.version
+
+    def cache_salt(self, w: int, window: str = ANCHORED) -> str:
         """Keeps this encoding's KV apart from any other in vLLM's prefix cache."""
-        return f"inferscale/{ENCODER_VERSION}/{self.fingerprint}/w{w}"
+        encoding = encoding_version(self.encoder.version, w, window)
+        return f"inferscale/{encoding}/{self.fingerprint}/w{w}"
 
     def ensure_prefix(self) -> str:
         """Encode the system prefix once (it is exact: nothing precedes it)."""
         if not self.store.has(self.prefix_key):
-            self.store.put(self.encoder.encode(self.prefix_key, [], self.layout.prefix_ids))
+            self.encoder.encode([EncodeItem(self.prefix_key, [], self.layout.prefix_ids)])
         return self.prefix_key
 
     def context_ids(self, context: Sequence[str]) -> list[int]:
@@ -104,15 +99,14 @@ class PromptBuilder:
         for fact, space in zip(facts, spaces, strict=True):
             ids = self.layout.fact_ids(fact_line(fact.text, fact.when))
             context = self.context_ids(fact.context)
-            material = (ENCODER_VERSION, space, tuple(context), tuple(ids))
+            material = (self.encoder.version, space, tuple(context), tuple(ids))
             planned.append((entry_key("fact", self.fingerprint, *material), context, ids))
-        missing = [item for item in planned if not self.store.has(item[0])]
-        # Shortest first, so each batch holds sequences of similar length and pads little;
-        # right padding is exact whatever the batch, and the result keeps the input order.
-        missing.sort(key=lambda item: len(item[1]) + len(item[2]))
+        # In the order given: consecutive facts of a conversation share context turns, which
+        # the engine's prefix cache then computes once for the whole wave.
+        missing = list({item[0]: item for item in planned if not self.store.has(item[0])}.values())
         for start in range(0, len(missing), self.batch_size):
-            for entry in self.encoder.encode_batch(missing[start : start + self.batch_size]):
-                self.store.put(entry)
+            batch = missing[start : start + self.batch_size]
+            self.encoder.encode([EncodeItem(key, ctx, ids) for key, ctx, ids in batch])
         return [(key, ids) for key, _, ids in planned]
 
     def build(
@@ -121,10 +115,12 @@ class PromptBuilder:
         question: str,
         history: Sequence[tuple[str, str]] = (),
         w: int = 0,
+        window: str = ANCHORED,
     ) -> ComposedPrompt:
-        """A request with ``facts`` in prompt order (best hit last, nearest the question)."""
+        """A request with ``facts`` in prompt order (best hit last, nearest the question);
+        ``w`` and ``window`` name the encoding of their context (for the prefix cache)."""
         entries = self.encode_many(facts)
-        return self.compose(entries, question, history, w)
+        return self.compose(entries, question, history, w, window=window)
 
     def compose(
         self,
@@ -133,11 +129,12 @@ class PromptBuilder:
         history: Sequence[tuple[str, str]] = (),
         w: int = 0,
         pending_lines: Sequence[str] = (),
+        window: str = ANCHORED,
     ) -> ComposedPrompt:
         """A request over already-stored entries; ``pending_lines`` (facts whose KV is not
         ready yet) follow the span as plain text and are prefilled like the question."""
         composed = self.layout.compose(
-            self.ensure_prefix(), entries, question, history, self.cache_salt(w)
+            self.ensure_prefix(), entries, question, history, self.cache_salt(w, window)
         )
         if not pending_lines:
             return composed

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from inferscale_core.composer import fact_line
-from inferscale_core.encoding import ENCODER_VERSION
+from inferscale_core.context_window import ANCHORED, encoding_version
 from inferscale_core.engine import Engine
 from inferscale_core.factlog import FactLog
 from inferscale_core.kvstore import KVStore
@@ -31,6 +31,7 @@ SYNC_THRESHOLD = 64  # more new facts than this: rebuild the index from stored e
 class SessionConfig:
     k: int = 10  # facts retrieved per turn
     w: int = 20  # context turns each fact is encoded with
+    window: str = ANCHORED  # which turns those are (inferscale_core.context_window)
     history_turns: int = 6  # recent turns of this conversation kept in the prompt
     max_tokens: int = 512
     temperature: float = 0.0
@@ -88,6 +89,11 @@ class Session:
         self.config = config or SessionConfig()
         self._changes: queue.SimpleQueue[tuple[list[int], list[int]]] = queue.SimpleQueue()
 
+    @property
+    def encoding(self) -> str:
+        """The fact log's name for the encoding this session injects (the worker writes it)."""
+        return encoding_version(self.builder.encoder_version, self.config.w, self.config.window)
+
     def close(self) -> None:
         if self.worker is not None:
             self.worker.stop()
@@ -133,7 +139,7 @@ class Session:
         fingerprint = self.builder.fingerprint
         for hit in hits:
             fact = hit.fact
-            key = self.factlog.kv_key(fact.id, fingerprint, self.config.w, ENCODER_VERSION)
+            key = self.factlog.kv_key(fact.id, fingerprint, self.config.w, self.encoding)
             when = fact.refers_to.isoformat() if fact.refers_to else None
             if key is not None and self.store.has(key):
                 entries.append((key, list(self.store.header(key).token_ids)))
@@ -166,7 +172,9 @@ class Session:
             entries, lines, reply.facts = self._plan(hits)
             injected = [f for f in reply.facts if f.how == "injected"]
             injected_keys = [key for key, _ in entries]
-            prompt = self.builder.compose(entries, text, history, self.config.w, lines)
+            prompt = self.builder.compose(
+                entries, text, history, self.config.w, lines, self.config.window
+            )
         if self.worker is not None:
             self.worker.pause()
         try:

@@ -4,9 +4,11 @@ Everything else gets its objects from here and passes them on; nothing is looked
 module-level registry. The pieces, in the order of the data path::
 
     resolve the model  ->  KV store (its folder per model fingerprint)
-                       ->  prompt builder (chat layout + encoder, writing to that store)
                        ->  engine (vLLM with our connector; in this process it shares the store)
+                       ->  prompt builder (chat layout + an encoder that runs on that engine)
     fact log + embedder + extractor  ->  memory worker + session  (open_session)
+
+One copy of the model: the engine that answers also encodes the memories.
 
 vLLM builds the connector itself, from plain settings (the store's folder and the model's
 fingerprint); :func:`start_engine` then hands the in-process connector this store object, so
@@ -35,9 +37,9 @@ if TYPE_CHECKING:
 #: The steps :func:`build` reports to ``on_step``, in order (start-up progress).
 STEPS = (
     "preparing the model",
-    "loading the encoder",
     "starting the engine",
     "warming up the engine",
+    "preparing the memory encoder",
 )
 HOST_TIER_BYTES = 1 << 30
 
@@ -49,8 +51,8 @@ class Assistant:
     model_dir: Path
     fingerprint: str
     store: KVStore
-    builder: PromptBuilder
-    engine: Engine | None  # None when built without an engine (encoding only)
+    builder: PromptBuilder  # composes requests; encodes through the engine
+    engine: Engine
 
 
 def open_store(model_dir: Path, root: Path | None = None, gpu_bytes: int = 0) -> KVStore:
@@ -85,14 +87,13 @@ def build(
     config: AppConfig,
     *,
     on_step: Callable[[str], None] = lambda step: None,
-    with_engine: bool = True,
     store_root: Path | None = None,
     model_progress: bool = False,
     system_prompt: str | None = None,
     **engine_options: Any,
 ) -> Assistant:
-    """The assistant for ``config``: its model, store, prompt builder and (``with_engine``)
-    the engine, warmed up. ``on_step`` is told each of :data:`STEPS` as it starts."""
+    """The assistant for ``config``: its model, store, engine (warmed up) and prompt builder.
+    ``on_step`` is told each of :data:`STEPS` as it starts."""
     from inferscale_core.model_files import resolve_model
     from inferscale_core.prompt_builder import PromptBuilder, default_system_prompt
 
@@ -100,19 +101,16 @@ def build(
     model_dir = resolve_model(config.model, progress=model_progress)
     store = open_store(model_dir, store_root, config.gpu_pool_bytes)
     on_step(STEPS[1])
-    builder = PromptBuilder.for_model(
-        model_dir, store, system_prompt if system_prompt is not None else default_system_prompt()
-    )
-    engine = None
-    if with_engine:
-        on_step(STEPS[2])
-        engine = start_engine(model_dir, store, **engine_options)
-        on_step(STEPS[3])
-        engine.warm_up()
+    engine = start_engine(model_dir, store, **engine_options)
+    on_step(STEPS[2])
+    engine.warm_up()
+    on_step(STEPS[3])
+    prompt = system_prompt if system_prompt is not None else default_system_prompt()
+    builder = PromptBuilder.for_model(model_dir, store, prompt, engine)
     return Assistant(model_dir, store.fingerprint, store, builder, engine)
 
 
-def make_extractor(config: AppConfig, engine: Engine | None) -> Extractor:
+def make_extractor(config: AppConfig, engine: Engine) -> Extractor:
     """The fact extractor ``config.extractor`` names; "auto" is the deterministic one for the
     embedded model (too small to extract reliably) and the LLM otherwise."""
     from inferscale_core.extractor import DeterministicExtractor, LLMExtractor
@@ -122,8 +120,6 @@ def make_extractor(config: AppConfig, engine: Engine | None) -> Extractor:
     if choice == "auto":
         choice = "deterministic" if is_embedded(config.model) else "llm"
     if choice == "llm":
-        if engine is None:
-            raise ValueError("the LLM extractor needs the engine")
         return LLMExtractor(engine, engine.tokenizer)  # type: ignore[attr-defined]
     return DeterministicExtractor()
 
@@ -140,15 +136,14 @@ def open_session(
 ) -> Session:
     """A chat session over the fact log at ``db_path``, with its background memory worker.
 
-    ``session_config`` defaults to the config's k and w with the session's other defaults."""
+    ``session_config`` defaults to the config's k, w and window with the session's other
+    defaults."""
     from inferscale_core.embedder import SentenceTransformerEmbedder
     from inferscale_core.factlog import FactLog
     from inferscale_core.memory_worker import MemoryWorker
     from inferscale_core.retriever import Retriever
     from inferscale_core.session import Session, SessionConfig
 
-    if assistant.engine is None:
-        raise ValueError("a chat session needs the engine (build(..., with_engine=True))")
     embedder = embedder or SentenceTransformerEmbedder()
     extractor = extractor or make_extractor(config, assistant.engine)
     factlog = FactLog.open(db_path)
@@ -160,7 +155,7 @@ def open_session(
         assistant.builder,
         assistant.store,
         assistant.engine,
-        config=session_config or SessionConfig(k=config.k, w=config.w),
+        config=session_config or SessionConfig(k=config.k, w=config.w, window=config.window),
     )
     session.worker = MemoryWorker(
         lambda: FactLog.open(db_path),
@@ -169,8 +164,10 @@ def open_session(
         assistant.store,
         extractor,
         w=session.config.w,
+        window=session.config.window,
         on_change=session.notify_changed,
         make_retriever=lambda log: Retriever(log, embedder),
+        wait_for_chat=assistant.engine.wait_for_chat,
     )
     if start_worker:
         session.worker.start()
@@ -187,14 +184,11 @@ def memory_worker(
 ) -> MemoryWorker:
     """The memory worker alone (``import`` encodes in the foreground with it, no chat)."""
     from inferscale_core.embedder import SentenceTransformerEmbedder
-    from inferscale_core.extractor import DeterministicExtractor
     from inferscale_core.factlog import FactLog
     from inferscale_core.memory_worker import MemoryWorker
     from inferscale_core.retriever import Retriever
 
     embedder = embedder or SentenceTransformerEmbedder()
-    # Without the engine only the deterministic extractor runs (the LLM one needs it).
-    extractor = make_extractor(config, assistant.engine) if assistant.engine else None
     with FactLog.open(db_path) as log:
         profile_id = log.profile(config.profile)
     return MemoryWorker(
@@ -202,8 +196,10 @@ def memory_worker(
         profile_id,
         assistant.builder,
         assistant.store,
-        extractor or DeterministicExtractor(),
+        make_extractor(config, assistant.engine),
         w=config.w,
+        window=config.window,
         make_retriever=lambda factlog: Retriever(factlog, embedder),
         poll_seconds=poll_seconds,
+        wait_for_chat=assistant.engine.wait_for_chat,
     )

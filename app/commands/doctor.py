@@ -193,13 +193,18 @@ def check_memory(config: AppConfig, model_dir: Path | None) -> list[Check]:
         if pending_turns:
             backlog.append(f"{pending_turns} turns not read for memories yet")
         if model_dir is not None:
+            from inferscale_core.context_window import encoding_version
             from inferscale_core.encoding import ENCODER_VERSION
             from inferscale_core.fingerprint import model_fingerprint
 
             fp = model_fingerprint(model_dir)
-            missing = len(log.facts_without_kv(pid, fp, config.w, ENCODER_VERSION))
+            encoding = encoding_version(ENCODER_VERSION, config.w, config.window)
+            missing = len(log.facts_without_kv(pid, fp, config.w, encoding))
             if missing:
-                backlog.append(f"{missing} memories not encoded for this model (w={config.w})")
+                backlog.append(
+                    f"{missing} memories not encoded for this model"
+                    f" (w={config.w}, {config.window} window)"
+                )
         if backlog:
             checks.append(
                 Check(

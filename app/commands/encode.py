@@ -2,9 +2,8 @@
 
 Imported turns go through the same extraction and background encoding as live chat; this
 drives that work to the end with a progress display (turns left, facts extracted and encoded,
-rate, ETA). No inference engine is needed: extraction is the deterministic one here (the LLM
-extractor needs the engine and runs inside the chat). Ctrl-C stops cleanly; the next start
-resumes where it stopped (the fact log is the queue).
+rate, ETA). Encoding runs on the engine (about 25 s to start on a CPU). Ctrl-C stops cleanly;
+the next start resumes where it stopped (the fact log is the queue).
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from app.startup import build_assistant
+from app.startup import open_assistant
 from inferscale_core import paths, wiring
 from inferscale_core.config import AppConfig
 from inferscale_core.memory_worker import MemoryWorker
@@ -23,8 +22,7 @@ from inferscale_core.memory_worker import MemoryWorker
 def encode_pending(config: AppConfig, console: Console, poll_s: float = 0.5) -> int:
     """Extract and encode everything pending for the configured profile; exit code."""
     db_path = paths.memory_db()
-    with console.status("loading the encoder…"):
-        assistant = build_assistant(config, with_engine=False)
+    assistant = open_assistant(config, console)
     worker = wiring.memory_worker(assistant, config, db_path, poll_seconds=poll_s).start()
     columns = (
         TextColumn("[bold]{task.description}"),

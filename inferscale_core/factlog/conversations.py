@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+from inferscale_core.context_window import first_context_turn
 from inferscale_core.factlog._base import FactLogBase, like_pattern, parse_dt, utc_now
 from inferscale_core.types import Conversation, ConversationInfo, Turn
 
@@ -229,6 +230,14 @@ class ConversationsMixin(FactLogBase):
             (turn_id, w),
         ).fetchall()
         return [_turn_from_row(r)[1] for r in reversed(rows)]
+
+    def context_turns(self, turn_id: int, w: int, window: str) -> list[Turn]:
+        """The turns a fact of ``turn_id`` is encoded after, oldest first, never from another
+        conversation (:mod:`~inferscale_core.context_window`)."""
+        row = self.db.execute("SELECT idx FROM turns WHERE id = ?", (turn_id,)).fetchone()
+        if row is None:
+            return []
+        return self.turns_before(turn_id, row[0] - first_context_turn(row[0], w, window))
 
     def conversation_turns(self, conversation_id: int) -> list[tuple[int, Turn]]:
         """The turns of a conversation as ``(turn_id, Turn)``, in order."""

@@ -133,14 +133,18 @@ def test_forgotten_fact_is_never_retrieved_or_injected_again(session):
 
 
 def test_changed_encoding_is_never_injected_until_reencoded(session):
-    """After a change of encoding (here w; a new model fingerprint works the same way) the old
-    entries are stale: facts go in as text until the worker has re-encoded them."""
+    """After a change of encoding (here w and the window; a new model fingerprint works the
+    same way) the old entries are stale: facts go in as text until the worker has re-encoded
+    them."""
     conversation = session.new_conversation("re-encoding")
     question = "Where does my sister live now?"
     new_w = session.config.w + 1
+    assert session.config.window == session.worker.window == "anchored"
     session.worker.pause()
     try:
         session.config.w = session.worker.w = new_w
+        session.config.window = session.worker.window = "sliding"
+        assert session.encoding == session.worker.encoding == "engine-capture/1"
         reply = session.ask_all(conversation, question)
         assert reply.facts and reply.injected_fact_ids == []
         assert all(f.how == "text" for f in reply.facts)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from inferscale_core import paths
+from inferscale_core.context_window import ANCHORED, encoding_version
 from inferscale_core.encoding import ENCODER_VERSION
 from inferscale_core.factlog import FactLog
 from inferscale_core.fingerprint import model_fingerprint
@@ -34,6 +35,7 @@ def test_import_then_encode_makes_every_fact_injectable(smollm2_path, tmp_path):
     facts = log.active_facts(profile)
     assert facts, "the WhatsApp fixture has substantive turns"
     fingerprint = model_fingerprint(smollm2_path)
-    assert log.facts_without_kv(profile, fingerprint, 20, ENCODER_VERSION) == []
+    anchored = encoding_version(ENCODER_VERSION, 20, ANCHORED)  # the default window
+    assert log.facts_without_kv(profile, fingerprint, 20, anchored) == []
     assert log.extraction_cursor(profile) == max(t for t, _ in log.turns(profile))
     log.close()

@@ -50,6 +50,9 @@ def test_settings_form_errors_are_clear():
     values = {"model": "", "k": "4", "w": "20", "gpu_pool_gib": "1.5", "profile": "work"}
     config = parse_form(values, "llm")
     assert (config.model, config.k, config.gpu_pool_gib, config.extractor) == (None, 4, 1.5, "llm")
+    assert config.window == "anchored" and parse_form(values, "llm", "sliding").window == "sliding"
+    with pytest.raises(ConfigError, match="window must be one of anchored, sliding; got 'rolling'"):
+        parse_form(values, "auto", "rolling")
     with pytest.raises(ConfigError, match="k must be a whole number, got 'four'"):
         parse_form(dict(values, k="four"), "auto")
     with pytest.raises(ConfigError, match="gpu_pool_gib must be a number of GiB >= 0"):

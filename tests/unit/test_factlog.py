@@ -274,6 +274,24 @@ def test_append_turn_and_turns_before(log):
     assert len(log.turns(p, limit=2)) == 2
 
 
+def test_context_turns_follow_the_window(log):
+    p = log.profile()
+    cid, _ = log.add_conversation(p, conv("a", 9))
+    ids = [tid for tid, _ in log.conversation_turns(cid)]
+
+    def texts(i, w, window):
+        return [t.text for t in log.context_turns(ids[i], w, window)]
+
+    assert texts(7, 3, "sliding") == ["turn 4", "turn 5", "turn 6"]
+    assert texts(7, 3, "anchored") == ["turn 3", "turn 4", "turn 5", "turn 6"]  # anchor 3
+    assert texts(5, 3, "anchored") == ["turn 0", "turn 1", "turn 2", "turn 3", "turn 4"]
+    assert texts(2, 3, "anchored") == texts(2, 3, "sliding") == ["turn 0", "turn 1"]
+    assert texts(7, 0, "anchored") == texts(7, 0, "sliding") == []
+    assert log.context_turns(987654, 3, "anchored") == []  # no such turn: no context
+    with pytest.raises(ValueError, match="window must be one of anchored, sliding"):
+        log.context_turns(ids[7], 3, "rolling")
+
+
 # -- facts -----------------------------------------------------------------------------------
 
 

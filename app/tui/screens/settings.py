@@ -1,4 +1,4 @@
-"""Settings: model, k, w, GPU pool, profile, extractor; saved to the TOML config file."""
+"""Settings: model, k, w, window, GPU pool, profile, extractor; saved to the TOML config file."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
 from app.tui.widgets.status import StatusBar
 from inferscale_core.config import EXTRACTORS, AppConfig, ConfigError, save
+from inferscale_core.context_window import ANCHORED, WINDOWS
 
 #: Settings that only take effect when the assistant starts again (k applies at once).
-RESTART_KEYS = ("model", "w", "gpu_pool_gib", "profile", "extractor")
+RESTART_KEYS = ("model", "w", "window", "gpu_pool_gib", "profile", "extractor")
 
 FIELDS = (
     ("model", "Model folder: a local Hugging Face folder, empty = the embedded SmolLM2 (restart)"),
@@ -24,8 +25,21 @@ FIELDS = (
     ("profile", "Profile: whose memory (restart)"),
 )
 
+CHOICES = (  # (setting, label, its options): a Select each
+    (
+        "window",
+        "Window: anchored = w to 2w-1 turns, shared (fast); sliding = the w before (restart)",
+        WINDOWS,
+    ),
+    (
+        "extractor",
+        "Fact extractor: auto = rules for the embedded model, the LLM otherwise (restart)",
+        EXTRACTORS,
+    ),
+)
 
-def parse_form(values: dict[str, str], extractor: str) -> AppConfig:
+
+def parse_form(values: dict[str, str], extractor: str, window: str = ANCHORED) -> AppConfig:
     """An :class:`AppConfig` from the form's text, or :class:`ConfigError` saying what's wrong."""
 
     def number(name: str, kind: type) -> int | float:
@@ -40,6 +54,7 @@ def parse_form(values: dict[str, str], extractor: str) -> AppConfig:
         model=values["model"].strip() or None,
         k=number("k", int),
         w=number("w", int),
+        window=window,
         gpu_pool_gib=number("gpu_pool_gib", float),
         profile=values["profile"].strip(),
         extractor=extractor,
@@ -64,17 +79,15 @@ class SettingsScreen(Screen):
                 value = getattr(self.config, name)
                 yield Label(label, classes="field-label")
                 yield Input("" if value is None else str(value), id=f"set-{name}", compact=True)
-            yield Label(
-                "Fact extractor: auto = rules for the embedded model, the LLM otherwise (restart)",
-                classes="field-label",
-            )
-            yield Select(
-                [(e, e) for e in EXTRACTORS],
-                value=self.config.extractor,
-                allow_blank=False,
-                compact=True,
-                id="set-extractor",
-            )
+            for name, label, options in CHOICES:
+                yield Label(label, classes="field-label")
+                yield Select(
+                    [(o, o) for o in options],
+                    value=getattr(self.config, name),
+                    allow_blank=False,
+                    compact=True,
+                    id=f"set-{name}",
+                )
             yield Label("", id="settings-error", markup=False)
             with Horizontal(id="settings-buttons"):
                 yield Button("Save (Ctrl+S)", id="save", variant="primary")
@@ -100,9 +113,10 @@ class SettingsScreen(Screen):
     async def action_save(self) -> None:
         values = {name: self.query_one(f"#set-{name}", Input).value for name, _ in FIELDS}
         extractor = str(self.query_one("#set-extractor", Select).value)
+        window = str(self.query_one("#set-window", Select).value)
         error = self.query_one("#settings-error", Label)
         try:
-            new = parse_form(values, extractor)
+            new = parse_form(values, extractor, window)
         except ConfigError as exc:
             error.update(str(exc))
             return
