@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from app.user_config import load_config
-from bench.arguments import parse_ks, parse_names
+from bench.arguments import parse_ks, parse_names, parse_windows
 from inferscale_core import wiring
 from inferscale_core.config import AppConfig
 
@@ -61,6 +61,7 @@ def _open_runtime(args: argparse.Namespace, console: Console) -> wiring.Assistan
             config,
             store_root=paths.data_dir() / BENCH_STORE,
             on_step=lambda step: status.update(step + "…"),
+            max_num_batched_tokens=getattr(args, "step_tokens", None),
         )
 
 
@@ -81,7 +82,12 @@ def _latency_setup(
         with tempfile.TemporaryDirectory(prefix="inferscale-dummy-") as tmp:
             model_dir = resolve_dummy_config(args.dummy_config, Path(tmp))
             with console.status(f"starting the engine on dummy weights ({model_dir.name})…"):
-                runtime = open_dummy_runtime(model_dir, Path(tmp) / "kv", gpu_bytes=gpu_bytes)
+                runtime = open_dummy_runtime(
+                    model_dir,
+                    Path(tmp) / "kv",
+                    gpu_bytes=gpu_bytes,
+                    max_num_batched_tokens=args.step_tokens,
+                )
             with console.status(f"writing {pool_size} random KV entries…"):
                 source = DummyPrompts(runtime, pool_size, seed=args.seed)
             yield source, runtime.engine, runtime.store, runtime.model_name
@@ -247,7 +253,7 @@ def _run_encode(args: argparse.Namespace, console: Console) -> int:
     from bench import encode
     from bench.report import command_line
 
-    ws = _ks(args, args.w, "--w")
+    ws = _windows(args, args.w)
     data = _data(args)  # before the engine starts: a missing file fails at once
     runtime = _open_runtime(args, console)
     with console.status("benchmarking…") as status:
@@ -265,7 +271,7 @@ def _run_encode(args: argparse.Namespace, console: Console) -> int:
         f"Encoding LoCoMo facts on {result['model']}",
         result["rows"],
         {
-            "w": lambda r: str(r["w"]),
+            "w": lambda r: str(r.get("spec", r["w"])),
             "facts": lambda r: str(r["facts"]),
             "facts/s": lambda r: f"{r['facts_per_s']:.2f}",
             "tokens/s": lambda r: f"{r['tokens_per_s']:.0f}",
@@ -368,7 +374,7 @@ def _run_locomo(args: argparse.Namespace, console: Console) -> int:
     if args.merge or args.judge:
         args.parser.error("--merge and --judge work on a saved run: add --rescore RUN.json")
     ks = _ks(args, args.k)
-    ws = [] if args.w.strip().lower() == "none" else _ks(args, args.w, "--w")
+    ws = [] if args.w.strip().lower() == "none" else _windows(args, args.w)
     if min(ks) < 1:
         args.parser.error("--k needs numbers >= 1")
     reference = parse_names(args.reference)
@@ -429,11 +435,11 @@ def _rescore(args: argparse.Namespace, console: Console) -> int:
     from bench import locomo
     from bench.report import command_line
 
-    result = json.loads(args.rescore.read_text())
+    result = _read_run(args.rescore)
     result["scores"] = locomo.score(result)
     if args.merge:
         try:
-            result = locomo.merge_runs(result, json.loads(args.merge.read_text()))
+            result = locomo.merge_runs(result, _read_run(args.merge))
         except ValueError as exc:
             args.parser.error(f"--merge: {exc}")
         info = result["merged_from"]
@@ -452,9 +458,20 @@ def _rescore(args: argparse.Namespace, console: Console) -> int:
             tokenizer = AutoTokenizer.from_pretrained(str(judge_dir))
             locomo.judge_answers(result, engine, tokenizer, judge_dir.name, status.update)
     if not args.merge:  # a merged table is a view: written only where --json says
-        args.json = args.json or args.rescore
+        args.json = args.json or args.rescore.with_suffix(
+            "" if args.rescore.suffix == ".xz" else ".json"
+        )
     _locomo_table(result)
     return _finish(result, args, console, locomo)
+
+
+def _read_run(path: Path) -> dict[str, Any]:
+    """A saved LoCoMo run: JSON, or JSON compressed with xz (``.xz``, as the GPU run returns it)."""
+    if path.suffix == ".xz":
+        import lzma
+
+        return json.loads(lzma.decompress(path.read_bytes()))
+    return json.loads(path.read_text())
 
 
 def _locomo_table(result: dict[str, Any]) -> None:
@@ -495,6 +512,14 @@ def _data(args: argparse.Namespace) -> Path:
         raise  # unreachable: error() exits
 
 
+def _windows(args: argparse.Namespace, text: str) -> list[int | str]:
+    try:
+        return parse_windows(text, "--w")
+    except ValueError as exc:
+        args.parser.error(str(exc))
+        raise  # unreachable: error() exits
+
+
 def _ks(args: argparse.Namespace, text: str, name: str = "--k") -> list[int]:
     try:
         return parse_ks(text, name)
@@ -531,6 +556,15 @@ def _latency(parser: argparse.ArgumentParser, runs: int, warmup: int) -> None:
     )
     parser.add_argument("--runs", type=int, default=runs, help=f"measured runs per cell ({runs})")
     parser.add_argument("--warmup", type=int, default=warmup, help=f"warm-up runs ({warmup})")
+    parser.add_argument(
+        "--step-tokens",
+        type=int,
+        default=0,
+        help="prompt tokens one engine step may compute (vLLM's max_num_batched_tokens). 0, the"
+        " default: vLLM's own, as every earlier run, so prompt injection (the baseline) is not"
+        " slowed by the product's small chat-latency steps (64 on a CPU); give 64 to measure"
+        " those",
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -583,11 +617,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     enc = bench_sub.add_parser(
         "encode",
-        help="memory facts encoded per second for context sizes w; time for all of LoCoMo",
-        description="Encodes LoCoMo's observation facts, each after its w preceding turns, with"
+        help="memory facts encoded per second for context windows; time for all of LoCoMo",
+        description="Encodes LoCoMo's observation facts, each after its context turns, with"
         " the product's encoder; --limit encodes a seeded sample and extrapolates.",
     )
-    enc.add_argument("--w", default="0,5,20", help="comma-separated context sizes (0,5,20)")
+    enc.add_argument(
+        "--w",
+        default="0,5,20,20a",
+        help="comma-separated context windows: 20 = the 20 turns before a fact (sliding),"
+        " 20a = the anchored window of w=20 (0,5,20,20a)",
+    )
     enc.add_argument("--limit", type=int, help="facts per w (default: all the file's)")
     enc.add_argument("--data", type=Path, help=data_help)
     _outputs(enc)
@@ -653,8 +692,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     loc.add_argument("--k", default="5,20,50", help="comma-separated numbers of facts")
     loc.add_argument(
         "--w",
-        default="0,20",
-        help="comma-separated context sizes for KV injection (0,20); 'none' for no injection",
+        default="0,20,20a",
+        help="comma-separated context windows for KV injection: 20 = the 20 turns before a"
+        " fact, 20a = the anchored window of w=20 (0,20,20a); 'none' for no injection",
     )
     loc.add_argument(
         "--reference",

@@ -1,11 +1,15 @@
-"""``bench encode``: memory facts encoded per second, by context size w.
+"""``bench encode``: memory facts encoded per second, by context window.
 
-The facts are LoCoMo's observations with their ``w`` preceding turns (see
-:mod:`~bench.locomo_data`), encoded by the product's encoder through the
-prompt builder in its batches. Every run encodes under a fresh namespace (nothing is reused
-from the store) and deletes what it wrote. With ``limit`` only that many facts are encoded
-per w (a seeded sample across all conversations); the time for all of LoCoMo is then an
-extrapolation from the measured rate, and the JSON says so.
+The facts are LoCoMo's observations after their context turns (see :mod:`~bench.locomo_data`):
+``20`` the 20 turns before (sliding), ``20a`` the anchored window of w=20
+(:mod:`inferscale_core.context_window`), encoded by the product's encoder through the prompt
+builder in its batches, in the fact log's order (consecutive facts of a conversation together,
+so an anchored window's shared turns come from vLLM's prefix cache). ``prefilled_tokens``
+counts the prompt tokens the engine computed, ``context_tokens`` the context it was given.
+Every run encodes under a fresh namespace (nothing is reused from the store) and deletes what
+it wrote. With ``limit`` only that many facts are encoded per window (consecutive ones from a
+seeded start); the time for all of LoCoMo is then an extrapolation from the measured
+rate, and the JSON says so.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench.arguments import window_of
 from bench.locomo_data import LocomoMemory
 from bench.report import figure, footnote, provenance, save_figure
 from inferscale_core.factlog import FactLog
@@ -29,7 +34,7 @@ from inferscale_core.types import Fact
 def run_encode(
     builder: PromptBuilder,
     data: Path,
-    ws: Sequence[int],
+    ws: Sequence[int | str],
     *,
     limit: int | None = None,
     seed: int = 0,
@@ -44,7 +49,7 @@ def run_encode(
         rows = encode_rows(builder, memory, chosen, len(facts), ws, on_progress=on_progress)
     return {
         **header,
-        "facts": "LoCoMo observations with their w preceding turns (product encoder)",
+        "facts": "LoCoMo observations after their context window (product encoder)",
         "batch_size": builder.batch_size,
         "limit": limit,
         "seed": seed,
@@ -69,10 +74,13 @@ def locomo_facts(
 
 
 def sample_facts(facts: Sequence[Fact], limit: int | None, seed: int) -> list[Fact]:
-    """All facts, or a seeded sample of ``limit`` across all conversations."""
-    if limit is None:
+    """All facts, or ``limit`` consecutive ones (in the fact log's order, from a seeded start):
+    the memory worker encodes a conversation's facts in order, and consecutive facts share
+    context turns, which a scattered sample would not show."""
+    if limit is None or limit >= len(facts):
         return list(facts)
-    return random.Random(seed).sample(list(facts), min(limit, len(facts)))
+    start = random.Random(seed).randrange(len(facts))
+    return [facts[(start + i) % len(facts)] for i in range(limit)]
 
 
 def encode_rows(
@@ -80,42 +88,48 @@ def encode_rows(
     memory: LocomoMemory,
     chosen: Sequence[Fact],
     all_facts: int,
-    ws: Sequence[int],
+    ws: Sequence[int | str],
     *,
     warmup: int = 0,
     on_progress: Callable[[str], None] = lambda message: None,
 ) -> list[dict[str, Any]]:
-    """One row per w: ``chosen`` encoded through ``builder`` under a fresh namespace, timed
-    (after ``warmup`` facts encoded untimed, e.g. a GPU's first kernels), then deleted."""
+    """One row per window (``20``, ``20a``: :func:`bench.arguments.window_of`): ``chosen``
+    encoded through ``builder`` under a fresh namespace, timed (after ``warmup`` facts encoded
+    untimed, e.g. a GPU's first kernels), then deleted."""
     builder.ensure_prefix()
     rows = []
-    for w in ws:
-        memory_facts = [memory.memory_fact(f, w) for f in chosen]
+    for spec in ws:
+        w, window = window_of(spec)
+        memory_facts = [memory.memory_fact(f, w, window) for f in chosen]
         context_tokens = sum(len(builder.context_ids(m.context)) for m in memory_facts)
         if warmup:
             warm = builder.encode_many(memory_facts[:warmup], f"bench-warmup/{uuid.uuid4().hex}")
-            builder.encoder.synchronize()
             for key, _ in warm:
                 builder.store.delete(key)
         space = f"bench-encode/{uuid.uuid4().hex}"
-        on_progress(f"w={w}: encoding {len(chosen)} facts")
+        on_progress(f"w={spec}: encoding {len(chosen)} facts")
+        prefilled = getattr(builder.encoder, "prefilled_tokens", None)
         t0 = time.perf_counter()
-        entries = builder.encode_many(memory_facts, space)
-        builder.encoder.synchronize()  # a GPU may still be running the last batch
+        entries = builder.encode_many(memory_facts, space)  # written to the store on return
         seconds = time.perf_counter() - t0
+        if prefilled is not None:
+            prefilled = builder.encoder.prefilled_tokens - prefilled  # type: ignore[attr-defined]
         fact_tokens = sum(len(ids) for _, ids in entries)
         for key, _ in entries:
             builder.store.delete(key)
         rate = len(chosen) / seconds
-        on_progress(f"w={w}: {rate:.1f} facts/s ({seconds:.1f} s for {len(chosen)})")
+        on_progress(f"w={spec}: {rate:.1f} facts/s ({seconds:.1f} s for {len(chosen)})")
         rows.append(
             {
                 "w": w,
+                "window": window,
+                "spec": str(spec),
                 "facts": len(chosen),
                 "seconds": seconds,
                 "facts_per_s": rate,
                 "fact_tokens": fact_tokens,
-                "context_tokens": context_tokens,  # prefix + w turns, summed
+                "context_tokens": context_tokens,  # prefix + context turns, summed
+                "prefilled_tokens": prefilled,  # what the engine computed (None: not known)
                 "tokens_per_s": (fact_tokens + context_tokens) / seconds,
                 "all_facts": all_facts,
                 "all_seconds": all_facts / rate,
@@ -130,7 +144,8 @@ def headline(result: dict[str, Any]) -> str:
     for row in result["rows"]:
         how = "extrapolated" if row["all_extrapolated"] else "measured"
         parts.append(
-            f"w={row['w']}: {row['facts_per_s']:.1f} facts/s, all {row['all_facts']} in"
+            f"w={row.get('spec', row['w'])}: {row['facts_per_s']:.1f} facts/s,"
+            f" all {row['all_facts']} in"
             f" {row['all_seconds'] / 60:.1f} min ({how})"
         )
     return "; ".join(parts)
@@ -139,7 +154,11 @@ def headline(result: dict[str, Any]) -> str:
 def plot(result: dict[str, Any], path: Path) -> None:
     fig, ax = figure()
     rows = result["rows"]
-    ax.bar([f"w={r['w']}" for r in rows], [r["facts_per_s"] for r in rows], color="tab:green")
+    ax.bar(
+        [f"w={r.get('spec', r['w'])}" for r in rows],
+        [r["facts_per_s"] for r in rows],
+        color="tab:green",
+    )
     for i, r in enumerate(rows):
         how = "extrapolated" if r["all_extrapolated"] else "measured"
         ax.annotate(

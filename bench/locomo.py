@@ -7,7 +7,8 @@ greedy decoding, same question text:
 
 * ``prompt`` — prompt injection: the k fact lines prefilled as text;
 * ``inject_w<w>`` — KV injection of the same fact lines, each encoded after the system prefix
-  and its w preceding conversation turns (w=0: the prefix alone);
+  and its w preceding conversation turns (w=0: the prefix alone); ``inject_w<w>a`` the same
+  with the anchored window of that w (:mod:`inferscale_core.context_window`);
 * ``reorder`` (with ``reference=("reorder",)``) — prompt injection of the same facts in another,
   seeded order: not a product mode but the yardstick for the others, i.e. how far answers and
   next-token distributions move under a change that should not matter.
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import locomo_data
+from bench.arguments import window_of
 from bench.locomo_data import CATEGORIES, LocomoMemory, Question
 from bench.locomo_score import judge, kl_top, locomo_f1, mean
 from bench.report import figure, footnote, provenance, save_figure, write_json
@@ -64,7 +66,7 @@ def user_text(question: Question) -> str:
     return QA_PROMPT.format(question=text)
 
 
-def modes(ws: Sequence[int], reference: Sequence[str] = ()) -> list[str]:
+def modes(ws: Sequence[int | str], reference: Sequence[str] = ()) -> list[str]:
     return ["prompt", *(f"inject_w{w}" for w in ws), *reference]
 
 
@@ -76,7 +78,7 @@ def run_locomo(
     sample: int | None = 200,
     seed: int = 0,
     ks: Sequence[int] = (5, 20, 50),
-    ws: Sequence[int] = (0, 20),
+    ws: Sequence[int | str] = (0, 20, "20a"),
     max_tokens: int = 32,
     logprobs: int = 20,
     kl: bool = True,
@@ -203,16 +205,17 @@ def _encode_all(
     builder: PromptBuilder,
     memory: LocomoMemory,
     facts: list[Fact],
-    ws: Sequence[int],
+    ws: Sequence[int | str],
     on_progress: Callable[[str], None],
 ) -> None:
-    """Encode every fact the run will inject, per w, shortest context first (less padding)."""
-    unique = list({f.id: f for f in facts}.values())
-    for w in ws:
-        pending = sorted((memory.memory_fact(f, w) for f in unique), key=lambda m: len(m.context))
+    """Encode every fact the run will inject, per window, in the fact log's order (facts of
+    a conversation together: an anchored window's shared turns hit the prefix cache)."""
+    unique = sorted({f.id: f for f in facts}.values(), key=lambda f: f.id)
+    for spec in ws:
+        pending = [memory.memory_fact(f, *window_of(spec)) for f in unique]
         chunk = builder.batch_size * 4
         for start in range(0, len(pending), chunk):
-            on_progress(f"w={w}: encoding facts {start + 1}-{start + chunk} of {len(pending)}")
+            on_progress(f"w={spec}: encoding facts {start + 1}-{start + chunk} of {len(pending)}")
             builder.encode_many(pending[start : start + chunk])
 
 
@@ -294,9 +297,12 @@ def _answer_chunk(
                 shuffled = list(memory_facts)
                 random.Random(f"{settings['seed']}/{q.id}/{k}").shuffle(shuffled)
                 prompts[(i, f"reorder@k{k}")] = builder.prompt_injection_ids(shuffled, text)
-            for w in settings["ws"]:
-                facts_w = [memory.memory_fact(f, w) for f in top]
-                prompts[(i, f"inject_w{w}@k{k}")] = builder.build(facts_w, text, w=w)
+            for spec in settings["ws"]:
+                w, window = window_of(spec)
+                facts_w = [memory.memory_fact(f, w, window) for f in top]
+                prompts[(i, f"inject_w{spec}@k{k}")] = builder.build(
+                    facts_w, text, w=w, window=window
+                )
     results: dict[tuple[int, str], GenerationResult] = {}
     for first_round in (True, False):
         keys = [key for key in prompts if key[1].startswith("prompt@") == first_round]

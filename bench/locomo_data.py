@@ -33,6 +33,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+from inferscale_core.context_window import SLIDING
 from inferscale_core.factlog import FactLog
 from inferscale_core.memory_worker import context_line
 from inferscale_core.prompt_builder import MemoryFact
@@ -181,11 +182,12 @@ class LocomoMemory:
                 _, created = factlog.add_fact(profile, obs.text, obs.when, sources)
                 self.facts += created
 
-    def memory_fact(self, fact: Fact, w: int) -> MemoryFact:
-        """The fact as the memory worker encodes it: with its ``w`` preceding turns."""
+    def memory_fact(self, fact: Fact, w: int, window: str = SLIDING) -> MemoryFact:
+        """The fact as the memory worker encodes it: after its context turns (``w`` of them,
+        chosen as ``window`` says: :mod:`inferscale_core.context_window`)."""
         context: tuple[str, ...] = ()
         if w and fact.source_turn_ids:
-            turns = self.log.turns_before(min(fact.source_turn_ids), w)
+            turns = self.log.context_turns(min(fact.source_turn_ids), w, window)
             context = tuple(context_line(turn) for turn in turns)
         return MemoryFact(fact.text, fact.refers_to, context)
 

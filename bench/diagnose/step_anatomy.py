@@ -199,13 +199,16 @@ def _label(func: tuple[str, int, str]) -> str:
 
 
 def _python(suite: AnatomySource, modes: dict[str, Callable[[], Any]], runs: int) -> dict[str, Any]:
+    # The engine's work (vLLM's request path and the connector) runs on the engine's own
+    # thread: each profiler is switched on and off there.
+    on_engine = getattr(getattr(suite, "engine", None), "on_engine_thread", lambda fn: fn())
     profilers = {mode: cProfile.Profile() for mode in modes}
     for _ in range(runs):
         for mode, make in modes.items():
             prompt = make()
-            profilers[mode].enable()
+            on_engine(profilers[mode].enable)
             suite._ttft(prompt)
-            profilers[mode].disable()
+            on_engine(profilers[mode].disable)
     own: dict[str, dict[str, tuple[float, float]]] = {}  # mode -> label -> (own us, calls)
     cumulative: dict[str, dict[str, float]] = {}
     for mode, profiler in profilers.items():

@@ -280,3 +280,19 @@ def test_locomo_merge_adds_the_other_runs_modes_on_common_questions():
     ref["settings"]["seed"] = 1
     with pytest.raises(ValueError, match="differ"):
         merge_runs(main, ref)
+
+
+def test_locomo_rescore_reads_the_gpu_runs_xz_and_writes_plain_json(tmp_path):
+    import lzma
+
+    from app.cli import main
+
+    run = _locomo_run({"prompt@k5": ["blue car"] * 3, "inject_w0@k5": ["car", "x", "y"]}, [])
+    run.update(provenance("locomo", "smollm2", "python -m bench.gpu_locomo"))
+    packed = tmp_path / "locomo-gpu.json.xz"
+    packed.write_bytes(lzma.compress(json.dumps(run).encode()))
+    assert main(["bench", "locomo", "--rescore", str(packed)]) == 0
+    rescored = json.loads((tmp_path / "locomo-gpu.json").read_text())  # beside it, unpacked
+    cells = rescored["scores"]["cells"]
+    assert cells["prompt@k5"]["f1"] == 1.0 and cells["inject_w0@k5"]["f1"] == pytest.approx(2 / 9)
+    assert lzma.decompress(packed.read_bytes()) == json.dumps(run).encode()  # left as it was

@@ -81,32 +81,44 @@ def test_encode_smoke_extrapolates_and_leaves_nothing_behind(runtime):
 
 
 def test_gpu_encode_smoke_on_cpu_writes_the_json(smollm2_path, tmp_path):
-    """The GPU encoding bench, run on the CPU: SmolLM2's shape cut to 2 layers, 3 facts."""
+    """The GPU encoding bench, run on the CPU in a process of its own (its own engine): the
+    2-layer tiny Llama shape on dummy weights, 3 facts, through the engine's capture."""
     from bench import gpu_encode
+    from tests.support.repo_process import run_python
 
-    argv = [str(tmp_path), "--tokenizer", str(smollm2_path), "--data", str(DATA)]
-    argv += ["--shapes", "smollm2-135m", "--ws", "0,2", "--layers", "2", "--limit", "3"]
-    assert gpu_encode.main([*argv, "--device", "cpu", "--batch-size", "2"]) == 0
+    argv = ["-m", "bench.gpu_encode", str(tmp_path), "--tokenizer", str(smollm2_path)]
+    argv += ["--data", str(DATA), "--shape", "tiny-llama", "--ws", "0,2,2a", "--limit", "3"]
+    done = run_python([*argv, "--batch-size", "2"], timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "gpu_encode.json").read_text())
-    assert result["bench"] == "gpu-encode" and "random weights" in result["weights"]
-    assert (result["device"], result["dtype"], result["attention"]) == ("cpu", "float32", "eager")
-    assert result["gpu"] is None and result["torch"] and result["transformers"]
+    assert result["bench"] == "gpu-encode" and "EngineEncoder" in result["path"]
+    assert (result["gpu"], result["dtype"], result["shape"]) == (None, "float32", "tiny-llama")
     assert result["batch_size"] == 2 and result["limit"] == 3
-    assert [(m["shape"], m["layers"]) for m in result["models"]] == [("smollm2-135m", 2)]
-    cells = {(row["sink"], row["w"]): row for row in result["rows"]}
-    assert set(cells) == {(sink, w) for sink in gpu_encode.SINKS for w in (0, 2)}
+    assert result["captured"] >= 3 * 3  # every fact of every window captured from the cache
+    cells = {row["spec"]: row for row in result["rows"]}
+    assert set(cells) == {"0", "2", "2a"}
+    assert [cells[s]["window"] for s in ("0", "2", "2a")] == ["sliding", "sliding", "anchored"]
     for row in cells.values():
         assert row["facts"] == 3 and row["all_facts"] == FACTS and row["all_extrapolated"]
         assert row["facts_per_s"] > 0 and row["tokens_per_s"] > 0 and row["seconds"] > 0
         assert row["all_seconds"] == pytest.approx(FACTS / row["facts_per_s"])
-        assert row["target_met"] == (row["all_seconds"] <= gpu_encode.TARGET_S)
-    assert cells[("device", 2)]["context_tokens"] > cells[("device", 0)]["context_tokens"]
-    assert result["target"] == {"w": 20, "all_seconds": 60.0, "met": {}}  # w=20 not run
+        assert 0 < row["all_floor_seconds"] < row["all_seconds"]
+        # what the engine prefilled: at most what it was given (the prefix cache serves the rest)
+        assert 0 < row["prefilled_tokens"] <= row["fact_tokens"] + row["context_tokens"]
+    assert cells["2"]["context_tokens"] > cells["0"]["context_tokens"]
+    assert cells["2a"]["context_tokens"] >= cells["2"]["context_tokens"]  # w to 2w - 1 turns
+    assert result["target"] == {
+        "w": 20,
+        "all_seconds": gpu_encode.TARGET_S,
+        "anchored_all_seconds": gpu_encode.TARGET_ANCHORED_S,
+        "met": None,
+        "anchored_met": None,
+    }
 
 
 def test_locomo_smoke_answers_scores_rescores_and_judges(runtime, tmp_path):
     path = tmp_path / "locomo.json"
-    settings = {"sample": 2, "ks": [1, 3], "ws": [0, 1], "max_tokens": 4}
+    settings = {"sample": 2, "ks": [1, 3], "ws": [0, 1, "1a"], "max_tokens": 4}
     result = locomo.run_locomo(
         runtime.builder,
         runtime.engine,
@@ -118,7 +130,7 @@ def test_locomo_smoke_answers_scores_rescores_and_judges(runtime, tmp_path):
     saved = json.loads(path.read_text())
     assert len(saved["questions"]) == 2
     cells = saved["scores"]["cells"]
-    modes = ("prompt", "inject_w0", "inject_w1", "reorder")
+    modes = ("prompt", "inject_w0", "inject_w1", "inject_w1a", "reorder")
     assert set(cells) == {f"{m}@k{k}" for k in (1, 3) for m in modes}
     for q in saved["questions"]:
         assert len(q["retrieved"]) == 3
