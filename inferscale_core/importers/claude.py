@@ -6,9 +6,12 @@ The array form is streamed one conversation at a time; the JSON Lines form holds
 conversation object per line.
 
 Text: the ``text`` of the ``content`` blocks of type ``"text"`` joined by blank lines when there
-are any, else the message's ``text``. Other blocks (thinking, tool use/results) and attachments
-are not imported. Messages with empty text are skipped. ``sender`` ``"human"`` becomes speaker
-``"user"``; ``"assistant"`` stays; other senders are kept as written.
+are any, else the message's ``text``. Other blocks (thinking, tool use/results) are not imported.
+Attachments whose text Claude kept (``attachments: [{file_name, extracted_content}]``) follow
+it, each as ``[attachment: <file_name>]`` and its text on the next lines, after a blank line;
+``files`` (images, PDFs) carry no text and are left out. Messages with no text and no attachment
+text are skipped. ``sender`` ``"human"`` becomes speaker ``"user"``; ``"assistant"`` stays;
+other senders are kept as written.
 
 Timestamps: ``created_at`` (ISO 8601; Claude writes ``Z``/offsets, so they are aware).
 ``Turn.source_id`` is the message ``uuid``; ``Conversation.source_id`` the conversation ``uuid``.
@@ -104,7 +107,8 @@ def _turn(src: Source, where: str, item: object) -> Turn | None:
     sender = optional_str(message.get("sender"), src, where, "'sender'")
     if sender is None:
         raise src.error(where, "'sender' is missing")
-    text = _text(src, where, message)
+    parts = [_text(src, where, message), *_attachments(src, where, message)]
+    text = "\n\n".join(part for part in parts if part)
     if not text:
         return None
     return Turn(
@@ -129,3 +133,21 @@ def _text(src: Source, where: str, message: dict[str, object]) -> str:
         return "\n\n".join(blocks)
     text = optional_str(message.get("text"), src, where, "'text'")
     return (text or "").strip()
+
+
+def _attachments(src: Source, where: str, message: dict[str, object]) -> list[str]:
+    """``[attachment: <file_name>]`` and the text of each attachment that has some."""
+    attachments = message.get("attachments")
+    if attachments is None:
+        return []
+    parts = []
+    for number, item in enumerate(expect_list(attachments, src, where, "'attachments'")):
+        what = f"attachment {number}"
+        attachment = expect_dict(item, src, where, what)
+        text = optional_str(
+            attachment.get("extracted_content"), src, where, f"'extracted_content' of {what}"
+        )
+        if text and text.strip():
+            name = optional_str(attachment.get("file_name"), src, where, f"'file_name' of {what}")
+            parts.append(f"[attachment: {(name or '').strip() or 'unnamed'}]\n{text.strip()}")
+    return parts

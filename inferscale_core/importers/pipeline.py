@@ -25,9 +25,10 @@ Decisions:
   newer export becomes a separate conversation. Looking the key up and adding the conversation
   run in one :meth:`FactLog.transaction`, so no other writer can take the key in between.
 * **Bad files** (:class:`UnsupportedExportError`, :class:`MalformedExportError`,
-  ``UnicodeError``, ``OSError``) are reported with the exception message as the reason, and the
-  batch goes on. Conversations parsed before a malformed spot stay stored (they are valid);
-  fixing the file and importing it again adds the rest. Any other exception (a full disk, a
+  ``UnicodeError``, ``OSError``) are reported with a reason for the person importing them: what
+  is wrong with the file and what to do (:func:`quarantine_reason`), and the batch goes on.
+  Conversations parsed before a malformed spot stay stored (they are valid); fixing the file
+  and importing it again adds the rest. Any other exception (a full disk, a
   parser bug) stops the batch: it is not the file's fault, so the file is not quarantined.
 * **Moves**: only files directly in ``inbox_root``; a file given by a path elsewhere is never
   moved. A file that changed while it was imported stays in the inbox, so its new content is
@@ -156,6 +157,28 @@ def list_files(folder: Path) -> list[Path]:
     return [path for _, _, path in sorted(found)]
 
 
+def quarantine_reason(path: Path, exc: Exception) -> str:
+    """Why ``path`` was not imported and what to do, for the person importing it.
+
+    The importers' errors already say both; a file-system error is told as one that cannot be
+    read, with its cause (``No such file or directory``, ``Permission denied``).
+    """
+    if isinstance(exc, UnsupportedExportError | MalformedExportError):
+        return str(exc)
+    if isinstance(exc, UnicodeError):
+        return (
+            f"{path}: the file is not valid UTF-8 text ({exc}). Save it as UTF-8 (or export it"
+            " again) and import it again."
+        )
+    if isinstance(exc, OSError):
+        cause = exc.strerror or str(exc) or type(exc).__name__
+        return (
+            f"{path}: the file could not be read ({cause}). Check that it exists, is a file and"
+            " that you may read it, then import it again."
+        )
+    return f"{path}: {exc or type(exc).__name__}"
+
+
 def file_sha256(path: Path) -> str:
     """sha256 hex of the file's bytes, read in chunks."""
     with open(path, "rb") as f:
@@ -241,7 +264,7 @@ class Importer:
                     progress("conversation", result)
         except _BAD_FILE_ERRORS as exc:
             result.status = "quarantined"
-            result.reason = str(exc) or type(exc).__name__
+            result.reason = quarantine_reason(path, exc)
         if result.sha256 is not None and result.status != "skipped":
             self._record(result)
         if self._in_inbox(path):

@@ -26,6 +26,7 @@ from pathlib import Path
 from inferscale_core.importers.pipeline import (
     FileResult,
     Importer,
+    ProgressEvent,
     is_candidate,
     list_files,
     stat_signature,
@@ -54,6 +55,8 @@ class InboxWatcher:
         on_result: called (in the worker thread) with each file's :class:`FileResult`.
         on_error: called (in the worker thread) when an import fails for a reason that is not
             the file's (the file stays in the inbox and is tried again once it changes).
+        on_progress: passed to :meth:`Importer.import_path` for each file (in the worker
+            thread): "start" tells which file is being imported.
         rescan_seconds: how often the inbox is listed in case an event was lost.
     """
 
@@ -66,6 +69,7 @@ class InboxWatcher:
         *,
         on_result: Callable[[FileResult], None] | None = None,
         on_error: Callable[[Path, Exception], None] | None = None,
+        on_progress: Callable[[ProgressEvent], None] | None = None,
         rescan_seconds: float = 30.0,
     ) -> None:
         if stable_seconds < 0 or poll <= 0 or rescan_seconds <= 0:
@@ -77,6 +81,7 @@ class InboxWatcher:
         self._make_importer = importer
         self._on_result = on_result or (lambda result: None)
         self._on_error = on_error or (lambda path, exc: None)
+        self._on_progress = on_progress
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -95,7 +100,8 @@ class InboxWatcher:
         """Start watching, queue what is already waiting, and start the worker thread.
 
         Raises whatever building the importer raised (in the worker) so a bad database path
-        fails here rather than silently.
+        fails here rather than silently, and whatever starting the observer raised (an inbox
+        that cannot be created, the inotify limit); nothing is left running then.
         """
         from watchdog.events import FileCreatedEvent, FileModifiedEvent, FileMovedEvent
         from watchdog.observers import Observer
@@ -113,14 +119,22 @@ class InboxWatcher:
             self._worker.join()
             self._worker = None
             raise self._startup_error
-        self._observer = Observer()
-        self._observer.schedule(
-            _Handler(self),
-            str(self.inbox),
-            recursive=False,
-            event_filter=[FileCreatedEvent, FileModifiedEvent, FileMovedEvent],
-        )
-        self._observer.start()
+        observer = Observer()
+        try:
+            observer.schedule(
+                _Handler(self),
+                str(self.inbox),
+                recursive=False,
+                event_filter=[FileCreatedEvent, FileModifiedEvent, FileMovedEvent],
+            )
+            observer.start()  # fails e.g. when the inotify watch limit is reached
+        except BaseException:
+            self._stopping.set()  # the worker closes its fact log and ends
+            self._wake.set()
+            self._worker.join()
+            self._worker = None
+            raise
+        self._observer = observer
         self._rescan()  # after the observer: a file arriving in between is seen by one of them
 
     def stop(self) -> None:
@@ -230,7 +244,7 @@ class InboxWatcher:
         signature = stat_signature(path)
         try:
             try:
-                report = importer.import_path(path)
+                report = importer.import_path(path, on_progress=self._on_progress)
             except Exception as exc:  # not the file's fault: keep it, report, go on
                 logger.exception("importing %s failed", path)
                 self._on_error(path, exc)

@@ -101,3 +101,52 @@ def test_bad_line_in_jsonl_variant_names_the_line(tmp_path: Path) -> None:
     with pytest.raises(MalformedExportError, match="invalid JSON") as info:
         list(parse_file(path))
     assert info.value.location == "line 3"
+
+
+ATTACHMENTS = FIXTURES / "claude" / "attachments.json"
+
+
+def test_attachment_text_comes_with_its_turn() -> None:
+    assert detect_format(ATTACHMENTS) == "claude"
+    (conv,) = parse_file(ATTACHMENTS)
+    assert [(t.speaker, t.source_id, t.text) for t in conv.turns] == [
+        (
+            "user",
+            "a-0001",
+            "Can my landlord raise the rent this much?\n\n"
+            "[attachment: renewal_notice.txt]\n"
+            "Dear tenant,\n"
+            "From 1 November 2024 the monthly rent for flat 3B rises from 950 EUR to 1,140 EUR.",
+            # flat.jpg: no extracted text, nothing added
+        ),
+        (
+            "assistant",
+            "a-0002",
+            "That is a 20% rise; check the cap in your lease and your city's rules.",
+        ),
+        # no message text, only an attachment: the attachment is the turn
+        (
+            "user",
+            "a-0003",
+            "[attachment: lease_2022.md]\nClause 7: the rent may rise by at most 5% a year.",
+        ),
+    ]
+
+
+def test_attachments_in_the_jsonl_variant_and_without_a_name(tmp_path: Path) -> None:
+    (conv,) = json.loads(ATTACHMENTS.read_text(encoding="utf-8"))
+    del conv["chat_messages"][2]["attachments"][0]["file_name"]
+    path = tmp_path / "claude.jsonl"
+    path.write_text(json.dumps(conv) + "\n", encoding="utf-8")
+    (parsed,) = parse_file(path)
+    assert parsed.turns[2].text.startswith("[attachment: unnamed]\nClause 7")
+
+
+def test_an_attachment_that_is_not_an_object_is_malformed(tmp_path: Path) -> None:
+    (conv,) = json.loads(ATTACHMENTS.read_text(encoding="utf-8"))
+    conv["chat_messages"][0]["attachments"][1] = "flat.jpg"
+    path = tmp_path / "conversations.json"
+    path.write_text(json.dumps([conv]), encoding="utf-8")
+    with pytest.raises(MalformedExportError, match="attachment 1 is a string") as info:
+        list(parse_file(path))
+    assert info.value.location.endswith("message 0")

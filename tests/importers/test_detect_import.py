@@ -21,6 +21,7 @@ EXPECTED = {
     "chatgpt/conversations.json": "chatgpt",
     "claude/conversations.json": "claude",
     "claude/claude_export.jsonl": "claude",
+    "claude/attachments.json": "claude",
     "jsonl/chat.jsonl": "jsonl",
     "jsonl/grouped.jsonl": "jsonl",
     "locomo/locomo_mini.json": "locomo",
@@ -65,7 +66,10 @@ def test_unknown_format_names_every_format_and_reason(tmp_path: Path) -> None:
     assert set(info.value.reasons) == set(FORMATS)
     assert "is not a WhatsApp message header" in info.value.reasons["whatsapp"]
     assert "found 0 speaker line(s)" in info.value.reasons["markdown"]
-    assert "fmt=" in message  # tells the person how to get the exact problem
+    first = message.splitlines()[0]  # what the app shows: what is wrong and what to do
+    assert "not a supported chat export" in first and "conversations.json" in first
+    assert "Markdown" in first and "JSON Lines" in first
+    assert "parse_file" not in message and "fmt=" not in message  # no developer API
 
 
 def test_unknown_json_array_lists_its_keys(tmp_path: Path) -> None:

@@ -156,7 +156,7 @@ def test_run_watch_prints_a_line_per_file_and_stops_on_ctrl_c(tmp_path):
     code = (
         "import sys; from pathlib import Path; from rich.console import Console;"
         "from app.commands.imports import run_watch;"
-        "sys.exit(run_watch(Path(sys.argv[1]), Console(width=300)))"
+        "sys.exit(run_watch(Path(sys.argv[1]), Console(width=1000)))"  # one line per file
     )
     child = subprocess.Popen(
         [sys.executable, "-c", code, str(inbox)],
