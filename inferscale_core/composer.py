@@ -39,6 +39,26 @@ class TemplateError(ValueError):
     """The chat template cannot be split into prefix / memory / suffix."""
 
 
+class TurnRejected(ValueError):
+    """A user turn that is not sent to the model; the message says why, to the user."""
+
+
+class EmptyTurn(TurnRejected):
+    def __init__(self) -> None:
+        super().__init__("the message is empty: nothing to send")
+
+
+class PromptTooLong(TurnRejected):
+    """A turn that does not fit the model's context even with no memories and no history."""
+
+    def __init__(self, tokens: int, limit: int) -> None:
+        self.tokens, self.limit = tokens, limit
+        super().__init__(
+            f"the message is {tokens:,} tokens; the model takes {limit:,} with the system prompt"
+            " and room for the reply. Shorten it or split it; it was not sent"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class PlacedEntry:
     """One stored KV entry at its place in a prompt: positions ``[start, end)``."""

@@ -21,6 +21,11 @@ class Engine(Protocol):
     @property
     def block_size(self) -> int: ...
 
+    @property
+    def max_model_len(self) -> int:
+        """Tokens of context: prompt and reply together."""
+        ...
+
     def stream(
         self, prompt: ComposedPrompt | Sequence[int], **kwargs: Any
     ) -> Iterator[tuple[str, GenerationResult]]:

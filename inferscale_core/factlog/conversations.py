@@ -247,6 +247,17 @@ class ConversationsMixin(FactLogBase):
         ).fetchall()
         return [_turn_from_row(r) for r in rows]
 
+    def recent_turns(self, conversation_id: int, n: int) -> list[Turn]:
+        """The (at most) ``n`` last turns of a conversation, oldest first."""
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        rows = self.db.execute(
+            f"SELECT {_TURN_COLUMNS} FROM turns WHERE conversation_id = ?"
+            " ORDER BY idx DESC LIMIT ?",
+            (conversation_id, n),
+        ).fetchall()
+        return [_turn_from_row(r)[1] for r in reversed(rows)]
+
     def get_turns(self, turn_ids: Iterable[int]) -> list[tuple[int, Turn]]:
         """The turns with these ids (e.g. a fact's ``source_turn_ids``), by id."""
         ids = sorted({int(t) for t in turn_ids})

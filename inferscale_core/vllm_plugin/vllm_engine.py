@@ -175,6 +175,11 @@ class VllmEngine:
         return worker.worker.stats if worker is not None and worker.worker else None
 
     @property
+    def max_model_len(self) -> int:
+        """The model's context in tokens: prompt and reply together."""
+        return int(self._engine.vllm_config.model_config.max_model_len)
+
+    @property
     def block_size(self) -> int:
         """Tokens per KV-cache block (prefix caching shares whole blocks only)."""
         return int(self._engine.vllm_config.cache_config.block_size)
@@ -189,6 +194,9 @@ class VllmEngine:
         prompt_logprobs: int | None,
         ignore_eos: bool = False,
         json_schema: dict[str, Any] | None = None,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        repetition_penalty: float = 1.0,
     ) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
@@ -197,6 +205,9 @@ class VllmEngine:
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            repetition_penalty=repetition_penalty,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             stop=list(stop) if stop else None,
@@ -251,13 +262,18 @@ class VllmEngine:
         ignore_eos: bool = False,
         priority: int = CHAT_PRIORITY,
         json_schema: dict[str, Any] | None = None,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        repetition_penalty: float = 1.0,
     ) -> Iterator[tuple[str, GenerationResult]]:
         """Yield ``(text delta, running result)`` as tokens arrive; the last result is final.
 
         ``prompt`` is a composed memory request (its KV is injected when ``inject``) or plain
         token ids (prompt injection / no memory). TTFT is measured from submission to the
         step that produced the first token. Other requests (the memory worker's encodes) share
-        the engine's steps; ``priority`` (lower first) decides who waits.
+        the engine's steps; ``priority`` (lower first) decides who waits. ``temperature``,
+        ``top_p``, ``top_k`` and ``repetition_penalty`` are vLLM's sampling
+        (:class:`~inferscale_core.generation.Sampling`).
         """
         request_id, outputs, result, t0 = self._submit(
             prompt,
@@ -271,6 +287,9 @@ class VllmEngine:
             prompt_logprobs=prompt_logprobs,
             ignore_eos=ignore_eos,
             json_schema=json_schema,
+            top_p=top_p,
+            top_k=top_k,
+            repetition_penalty=repetition_penalty,
         )
         finished = False
         try:
