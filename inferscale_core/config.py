@@ -1,9 +1,10 @@
 """The user's settings: one TOML file (``paths.config_file()``), read by the CLI and the TUI.
 
-Imports nothing from the project but the leaves :mod:`inferscale_core.files` and
-:mod:`inferscale_core.context_window`. A missing file means the defaults; a bad value is a
-:class:`ConfigError` that names the file, the key and what is allowed, so the user can fix it by
-hand. :func:`save` writes atomically (temporary file, fsync, rename), mode 0600.
+Imports nothing from the project but the leaves :mod:`inferscale_core.files`,
+:mod:`inferscale_core.context_window` and :mod:`inferscale_core.generation`. A missing file
+means the defaults; a bad value is a :class:`ConfigError` that names the file, the key and what
+is allowed, so the user can fix it by hand. :func:`save` writes atomically (temporary file,
+fsync, rename), mode 0600.
 
 Example file::
 
@@ -13,7 +14,14 @@ Example file::
     window = "anchored" # anchored | sliding: which turns (see context_window.py)
     gpu_pool_gib = 0    # device tier of the KV store (0: none)
     profile = "default"
+    inbox = "~/Downloads/chats"  # exports dropped here are imported; leave out for data/inbox
     extractor = "auto"  # auto | deterministic | llm
+    temperature = 0.2   # reply sampling; leave out for the model's own default
+    top_p = 0.9         # (likewise)
+    repetition_penalty = 1.1  # (likewise; 1 = none)
+    max_tokens = 512    # reply length limit, in tokens
+    history_tokens = 1024  # recent turns kept in the prompt, in tokens
+    recompute = 0       # the best hits prefilled with the question, not injected
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from inferscale_core.context_window import ANCHORED, WINDOWS
+from inferscale_core.generation import GREEDY
 
 EXTRACTORS = ("auto", "deterministic", "llm")
 
@@ -40,7 +49,14 @@ class AppConfig:
     window: str = ANCHORED  # which turns: anchored | sliding (inferscale_core.context_window)
     gpu_pool_gib: float = 0  # size of the KV store's device tier; 0 = no device tier
     profile: str = "default"  # whose memory (one fact log holds several profiles)
+    inbox: str | None = None  # folder watched for exports; None = paths.inbox_dir() (data dir)
     extractor: str = "auto"  # auto: deterministic for the embedded model, the LLM otherwise
+    temperature: float | None = None  # reply sampling; None: the model's own (generation.py)
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    max_tokens: int = 512  # reply length limit
+    history_tokens: int = 1024  # recent turns kept in the prompt, at most this many tokens
+    recompute: int = 0  # the best hits prefilled with the question, not injected (issue 22)
 
     def __post_init__(self) -> None:
         if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()):
@@ -48,7 +64,7 @@ class AppConfig:
                 f"model must be a folder path (text), or left out for the embedded SmolLM2;"
                 f" got {self.model!r}"
             )
-        for name in ("k", "w"):
+        for name in ("k", "w", "recompute"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{name} must be a whole number >= 0, got {value!r}")
@@ -57,23 +73,50 @@ class AppConfig:
             raise ConfigError(f"gpu_pool_gib must be a number of GiB >= 0, got {gib!r}")
         if not isinstance(self.profile, str) or not self.profile.strip():
             raise ConfigError(f"profile must be a non-empty name, got {self.profile!r}")
+        if self.inbox is not None:
+            self._check_inbox()
         if self.window not in WINDOWS:
             raise ConfigError(f"window must be one of {', '.join(WINDOWS)}; got {self.window!r}")
+        for name in ("max_tokens", "history_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a whole number >= 1, got {value!r}")
+        sampling = {n: getattr(self, n) for n in ("temperature", "top_p", "repetition_penalty")}
+        for name, value in sampling.items():
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float)
+            ):
+                raise ConfigError(f"{name} must be a number, got {value!r}")
+        try:
+            GREEDY.with_overrides(**sampling)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if self.extractor not in EXTRACTORS:
             raise ConfigError(
                 f"extractor must be one of {', '.join(EXTRACTORS)}; got {self.extractor!r}"
             )
+
+    def _check_inbox(self) -> None:
+        """A folder path, absolute or ``~/…``, not a file (it is created 0700 when watched)."""
+        inbox = self.inbox
+        if not isinstance(inbox, str) or not inbox.strip():
+            raise ConfigError(
+                f"inbox must be a folder path, or left out for the inbox in the data folder;"
+                f" got {inbox!r}"
+            )
+        path = Path(inbox).expanduser()
+        if not path.is_absolute():
+            raise ConfigError(f"inbox must be an absolute path (or start with ~/); got {inbox!r}")
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"inbox must be a folder, but {inbox!r} is a file")
 
     @property
     def gpu_pool_bytes(self) -> int:
         return int(self.gpu_pool_gib * (1 << 30))
 
     def to_dict(self) -> dict[str, Any]:
-        """The TOML table: every key, except ``model`` when it is the embedded default."""
-        data = asdict(self)
-        if data["model"] is None:
-            del data["model"]
-        return data
+        """The TOML table: every key, except those left to a default (None: TOML has no null)."""
+        return {key: value for key, value in asdict(self).items() if value is not None}
 
 
 KEYS = tuple(f.name for f in fields(AppConfig))

@@ -116,11 +116,17 @@ class PromptBuilder:
         history: Sequence[tuple[str, str]] = (),
         w: int = 0,
         window: str = ANCHORED,
+        recompute: int = 0,
     ) -> ComposedPrompt:
         """A request with ``facts`` in prompt order (best hit last, nearest the question);
-        ``w`` and ``window`` name the encoding of their context (for the prefix cache)."""
-        entries = self.encode_many(facts)
-        return self.compose(entries, question, history, w, window=window)
+        ``w`` and ``window`` name the encoding of their context (for the prefix cache). The
+        last ``recompute`` facts are not injected but prefilled with the question, after the
+        injected span: they attend to every fact before them (``recompute=len(facts)`` is
+        prompt injection)."""
+        split = len(facts) - min(max(recompute, 0), len(facts))
+        entries = self.encode_many(facts[:split])
+        lines = [fact_line(f.text, f.when) for f in facts[split:]]
+        return self.compose(entries, question, history, w, lines, window)
 
     def compose(
         self,

@@ -14,15 +14,24 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from inferscale_core.composer import fact_line
+from inferscale_core.composer import EmptyTurn, fact_line
 from inferscale_core.context_window import ANCHORED, encoding_version
 from inferscale_core.engine import Engine
 from inferscale_core.factlog import FactLog
+from inferscale_core.generation import GREEDY, LoopGuard, Sampling
 from inferscale_core.kvstore import KVStore
 from inferscale_core.memory_worker import MemoryWorker
+from inferscale_core.prompt_budget import fit_turn
 from inferscale_core.prompt_builder import MemoryFact, PromptBuilder
 from inferscale_core.retriever import Retriever
-from inferscale_core.types import Conversation, GenerationResult, Hit, Turn
+from inferscale_core.types import (
+    Conversation,
+    GenerationResult,
+    Hit,
+    ReplyDetails,
+    ReplyMemory,
+    Turn,
+)
 
 SYNC_THRESHOLD = 64  # more new facts than this: rebuild the index from stored embeddings
 
@@ -33,8 +42,11 @@ class SessionConfig:
     w: int = 20  # context turns each fact is encoded with
     window: str = ANCHORED  # which turns those are (inferscale_core.context_window)
     history_turns: int = 6  # recent turns of this conversation kept in the prompt
-    max_tokens: int = 512
-    temperature: float = 0.0
+    history_tokens: int | None = 1024  # ... and at most this many tokens of their text
+    max_tokens: int = 512  # of a reply; the prompt leaves room for them
+    sampling: Sampling = GREEDY  # the app passes the model's (inferscale_core.generation)
+    loop_guard: bool = True  # stop a reply that repeats itself
+    recompute: int = 0  # the best hits prefilled with the question instead of injected
     mode: str = "inject"  # "inject" (KV injection) or "prompt" (facts as prompt text)
 
 
@@ -46,7 +58,9 @@ class InjectedFact:
     text: str
     refers_to: str | None
     score: float
-    how: str  # "injected" (KV from the store), "text" (KV not ready: prefilled as text)
+    # "injected" (KV from the store), "recomputed" (one of the best hits, prefilled after the
+    # injected ones: it attends to them), "text" (KV not ready: prefilled likewise)
+    how: str
     tier: str | None = None  # which store tier served it, when injected
 
 
@@ -54,13 +68,23 @@ class InjectedFact:
 class Reply:
     """A finished (or streaming) answer and what memory it used."""
 
-    conversation_id: int
+    conversation_id: int | None  # None: asked outside a conversation (nothing logged)
     text: str = ""
     facts: list[InjectedFact] = field(default_factory=list)
     result: GenerationResult | None = None
     mode: str = "inject"
     user_turn_id: int | None = None
     assistant_turn_id: int | None = None
+    trimmed: str = ""  # what was left out to fit the context ("" = nothing)
+    stopped: str | None = None  # "loop": the guard stopped a reply repeating itself
+
+    @property
+    def notes(self) -> list[str]:
+        """What the user should know about how this reply came about."""
+        notes = [self.trimmed] if self.trimmed else []
+        if self.stopped == "loop":
+            notes.append("stopped: the reply began repeating itself")
+        return notes
 
     @property
     def injected_fact_ids(self) -> list[int]:
@@ -127,20 +151,27 @@ class Session:
         )
         return conversation_id
 
-    def _history(self, user_turn_id: int) -> list[tuple[str, str]]:
-        turns = self.factlog.turns_before(user_turn_id, self.config.history_turns)
+    def _history(self, conversation_id: int) -> list[tuple[str, str]]:
+        turns = self.factlog.recent_turns(conversation_id, self.config.history_turns)
         return [("assistant" if t.speaker == "assistant" else "user", t.text) for t in turns]
 
     def _plan(
         self, hits: list[Hit]
     ) -> tuple[list[tuple[str, list[int]]], list[str], list[InjectedFact]]:
-        """Split hits into stored KV entries and text lines (KV not ready), in hit order."""
+        """Split hits into stored KV entries and text lines, in hit order: a fact goes in as
+        text when its KV is not ready, or when it is one of the ``recompute`` best hits (then
+        it is prefilled with the question, after every injected fact, and attends to them)."""
         entries, lines, used = [], [], []
         fingerprint = self.builder.fingerprint
+        best = {id(h) for h in sorted(hits, key=lambda h: h.rank)[: self.config.recompute]}
         for hit in hits:
             fact = hit.fact
-            key = self.factlog.kv_key(fact.id, fingerprint, self.config.w, self.encoding)
             when = fact.refers_to.isoformat() if fact.refers_to else None
+            if id(hit) in best:
+                lines.append(fact_line(fact.text, fact.refers_to))
+                used.append(InjectedFact(fact.id, fact.text, when, hit.score, "recomputed"))
+                continue
+            key = self.factlog.kv_key(fact.id, fingerprint, self.config.w, self.encoding)
             if key is not None and self.store.has(key):
                 entries.append((key, list(self.store.header(key).token_ids)))
                 tier = (self.store.where(key) or [None])[0]  # fastest tier holding it
@@ -150,14 +181,39 @@ class Session:
                 used.append(InjectedFact(fact.id, fact.text, when, hit.score, "text"))
         return entries, lines, used
 
-    def ask(self, conversation_id: int, text: str) -> Iterator[tuple[str, Reply]]:
-        """Answer ``text`` in a conversation, streaming ``(delta, reply so far)``."""
-        now = datetime.now(UTC)
-        user_turn_id = self.factlog.append_turn(conversation_id, Turn("user", text, now))
+    def ask(
+        self, conversation_id: int | None, text: str, *, log: bool = True
+    ) -> Iterator[tuple[str, Reply]]:
+        """Answer ``text`` in a conversation, streaming ``(delta, reply so far)``; with
+        ``log=False`` nothing is written (the conversation only gives the history; None: none).
+
+        Raises :class:`~inferscale_core.composer.TurnRejected` (empty, or too long for the
+        model's context by itself) before anything is logged or sent."""
+        if not text.strip():
+            raise EmptyTurn()
         self._apply_changes()
         hits = self.retriever.search(self.profile_id, text, self.config.k) if self.config.k else []
-        history = self._history(user_turn_id)
+        layout = self.builder.layout
+        by_rank = sorted(hits, key=lambda h: h.rank)  # the best first (hits: prompt order)
+        fit = fit_turn(
+            layout,
+            text,
+            self._history(conversation_id) if conversation_id is not None else [],
+            [len(layout.fact_ids(fact_line(h.fact.text, h.fact.refers_to))) for h in by_rank],
+            context=self.engine.max_model_len,
+            reply_tokens=self.config.max_tokens,
+            history_tokens=self.config.history_tokens,
+        )
+        kept = {id(h) for h in by_rank[: fit.memories]}  # the least relevant are left out
+        hits, history = [h for h in hits if id(h) in kept], fit.history
+        now = datetime.now(UTC)
+        user_turn_id = (
+            self.factlog.append_turn(conversation_id, Turn("user", text, now))
+            if log and conversation_id is not None
+            else None
+        )
         reply = Reply(conversation_id, mode=self.config.mode, user_turn_id=user_turn_id)
+        reply.trimmed = fit.describe()
         injected: list[InjectedFact] = []
         injected_keys: list[str] = []
         if self.config.mode == "prompt":
@@ -177,13 +233,19 @@ class Session:
             )
         if self.worker is not None:
             self.worker.pause()
+        guard = LoopGuard() if self.config.loop_guard else None
+        stream = self.engine.stream(
+            prompt, max_tokens=self.config.max_tokens, **self.config.sampling.engine_kwargs()
+        )
         try:
-            for delta, result in self.engine.stream(
-                prompt, max_tokens=self.config.max_tokens, temperature=self.config.temperature
-            ):
+            for delta, result in stream:
                 reply.text, reply.result = result.text, result
                 yield delta, reply
+                if guard is not None and guard.feed(result.text):
+                    reply.stopped = "loop"
+                    break
         finally:
+            stream.close()  # a reply stopped early: the engine aborts its request
             if self.worker is not None:
                 self.worker.resume()
         if reply.result is not None and reply.result.refused:
@@ -192,16 +254,26 @@ class Session:
         elif reply.result is not None:
             for fact, key in zip(injected, injected_keys, strict=True):
                 fact.tier = reply.result.entry_tiers.get(key)
-        reply.assistant_turn_id = self.factlog.append_turn(
-            conversation_id, Turn("assistant", reply.text.strip(), datetime.now(UTC))
-        )
-        if self.worker is not None:
-            self.worker.wake()
+        if user_turn_id is not None:
+            memories = [
+                ReplyMemory(f.fact_id, f.text, f.refers_to, f.score, f.how, f.tier)
+                for f in reply.facts
+            ]
+            details = ReplyDetails.of(
+                reply.result, reply.mode, self.config.k, memories, reply.notes
+            )
+            with self.factlog.transaction():  # the turn and what it used, together
+                reply.assistant_turn_id = self.factlog.append_turn(
+                    conversation_id, Turn("assistant", reply.text.strip(), datetime.now(UTC))
+                )
+                self.factlog.save_reply_details(reply.assistant_turn_id, details)
+            if self.worker is not None:
+                self.worker.wake()
         yield "", reply
 
-    def ask_all(self, conversation_id: int, text: str) -> Reply:
+    def ask_all(self, conversation_id: int | None, text: str, *, log: bool = True) -> Reply:
         reply = None
-        for _, reply in self.ask(conversation_id, text):  # noqa: B007 - the last one is final
+        for _, reply in self.ask(conversation_id, text, log=log):  # noqa: B007 - the last one
             pass
         assert reply is not None
         return reply

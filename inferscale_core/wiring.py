@@ -124,6 +124,29 @@ def make_extractor(config: AppConfig, engine: Engine) -> Extractor:
     return DeterministicExtractor()
 
 
+def session_settings(config: AppConfig, model_dir: Path) -> SessionConfig:
+    """The session's settings from the user's: k, w, window, reply length, history, and the
+    reply sampling of the model (``config.model`` None: the embedded one's) with the user's
+    overrides."""
+    from inferscale_core.generation import model_sampling
+    from inferscale_core.session import SessionConfig
+
+    sampling = model_sampling(None if config.model is None else model_dir).with_overrides(
+        temperature=config.temperature,
+        top_p=config.top_p,
+        repetition_penalty=config.repetition_penalty,
+    )
+    return SessionConfig(
+        k=config.k,
+        w=config.w,
+        window=config.window,
+        max_tokens=config.max_tokens,
+        history_tokens=config.history_tokens,
+        recompute=config.recompute,
+        sampling=sampling,
+    )
+
+
 def open_session(
     assistant: Assistant,
     config: AppConfig,
@@ -136,13 +159,12 @@ def open_session(
 ) -> Session:
     """A chat session over the fact log at ``db_path``, with its background memory worker.
 
-    ``session_config`` defaults to the config's k, w and window with the session's other
-    defaults."""
+    ``session_config`` defaults to :func:`session_settings` of ``config``."""
     from inferscale_core.embedder import SentenceTransformerEmbedder
     from inferscale_core.factlog import FactLog
     from inferscale_core.memory_worker import MemoryWorker
     from inferscale_core.retriever import Retriever
-    from inferscale_core.session import Session, SessionConfig
+    from inferscale_core.session import Session
 
     embedder = embedder or SentenceTransformerEmbedder()
     extractor = extractor or make_extractor(config, assistant.engine)
@@ -155,7 +177,7 @@ def open_session(
         assistant.builder,
         assistant.store,
         assistant.engine,
-        config=session_config or SessionConfig(k=config.k, w=config.w, window=config.window),
+        config=session_config or session_settings(config, assistant.model_dir),
     )
     session.worker = MemoryWorker(
         lambda: FactLog.open(db_path),

@@ -94,6 +94,29 @@ def test_scripted_conversation_injects_remembered_facts(session):
     print(f"answer: {reply.text!r}; injected facts: {reply.injected_fact_ids}")
 
 
+def test_the_best_hits_can_be_recomputed_after_the_injected_ones(session):
+    """r of the k hits (the best) go in as text after the injected span and are prefilled
+    with the question; r = k leaves nothing injected past the system prefix."""
+    conversation = session.new_conversation("recompute")
+    question = "What is the name of my cat?"
+    prefix = len(session.builder.layout.prefix_ids)
+    try:
+        session.config.recompute = 2
+        reply = session.ask_all(conversation, question)
+        hows = [f.how for f in reply.facts]
+        assert hows.count("recomputed") == 2 and hows.count("injected") == len(hows) - 2
+        best = sorted(reply.facts, key=lambda f: -f.score)[:2]
+        assert {f.how for f in best} == {"recomputed"} and reply.facts[-1] in best
+        # the injected facts' KV: loaded now, or found in vLLM's prefix cache (asked before)
+        assert reply.result.cached_tokens > prefix and reply.result.refused is None
+        session.config.recompute = session.config.k
+        reply = session.ask_all(conversation, question)
+        assert {f.how for f in reply.facts} == {"recomputed"}
+        assert reply.result.injected_tokens <= prefix  # the prefix at most: no fact's KV
+    finally:
+        session.config.recompute = 0
+
+
 QUERIES = [
     "What is the name of my cat?",
     "Tell me about my pet.",

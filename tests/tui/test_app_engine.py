@@ -228,6 +228,40 @@ async def test_escape_stops_a_reply(runtime, tmp_path):
         app.host.close()
 
 
+async def test_a_looping_reply_stops_with_a_note_and_an_overlong_turn_is_refused(runtime, tmp_path):
+    from inferscale_core.generation import GREEDY
+
+    app = _app(runtime, tmp_path, seed=[])
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await _until(pilot, lambda: app.host.ready, what="the session")
+            config = app.host.session.config
+            config.max_tokens, config.sampling = 512, GREEDY  # no penalty: SmolLM2 loops on it
+            looping = await _send(
+                pilot,
+                app,
+                "Hi! I'm Dana. My daughter Aiko started violin lessons last week, and our dog is"
+                " a beagle named Pretzel.",
+            )
+            await _until(pilot, lambda: app.chat.answering is None, 300, "the looping reply")
+            assert "stopped: the reply began repeating itself" in looping.note
+            assert "stopped: the reply began repeating" in _screen_text(app, tmp_path / "loop.svg")
+            config.max_tokens = 12
+            refused = await _send(pilot, app, "lorem ipsum dolor sit amet " * 3200)
+            await _until(pilot, lambda: app.chat.answering is None, what="the refusal")
+            assert refused.note.startswith("not sent: the message is") and refused.reply is None
+            assert "Shorten it or split it" in refused.note
+            again = await _send(pilot, app, "What is my dog called?")
+            await _until(pilot, lambda: app.chat.answering is None, what="the next reply")
+            assert again.reply is not None and again.text.strip()
+            turns = await app.read(
+                lambda log, pid: log.conversation_turns(app.chat.conversation_id)
+            )
+            assert [t.speaker for _, t in turns] == ["user", "assistant"] * 2  # not the long one
+    finally:
+        app.host.close()
+
+
 async def test_memory_browser_edits_and_forgets_a_fact(runtime, tmp_path):
     app = _app(runtime, tmp_path)
     try:

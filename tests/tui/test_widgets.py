@@ -48,7 +48,11 @@ def test_conversation_title_from_the_first_message():
 
 def test_settings_form_errors_are_clear():
     values = {"model": "", "k": "4", "w": "20", "gpu_pool_gib": "1.5", "profile": "work"}
+    values |= {"max_tokens": "256", "history_tokens": "800", "temperature": ""}
+    values |= {"top_p": " ", "repetition_penalty": "1.2", "recompute": "2"}
     config = parse_form(values, "llm")
+    assert (config.max_tokens, config.history_tokens, config.recompute) == (256, 800, 2)
+    assert (config.temperature, config.top_p, config.repetition_penalty) == (None, None, 1.2)
     assert (config.model, config.k, config.gpu_pool_gib, config.extractor) == (None, 4, 1.5, "llm")
     assert config.window == "anchored" and parse_form(values, "llm", "sliding").window == "sliding"
     with pytest.raises(ConfigError, match="window must be one of anchored, sliding; got 'rolling'"):
@@ -59,6 +63,10 @@ def test_settings_form_errors_are_clear():
         parse_form(dict(values, gpu_pool_gib="-1"), "auto")
     with pytest.raises(ConfigError, match="profile must be a non-empty name"):
         parse_form(dict(values, profile=" "), "auto")
+    with pytest.raises(ConfigError, match=r"top_p must be a number in \(0, 1\], got 1.5"):
+        parse_form(dict(values, top_p="1.5"), "auto")
+    with pytest.raises(ConfigError, match="max_tokens must be a whole number, got 'lots'"):
+        parse_form(dict(values, max_tokens="lots"), "auto")
 
 
 @pytest.mark.asyncio

@@ -24,7 +24,8 @@ from app.tui.widgets.conversations import ConversationList
 from app.tui.widgets.memory_panel import MODE_NAMES, MemoryPanel
 from app.tui.widgets.prompt import PromptInput
 from app.tui.widgets.status import StatusBar
-from app.tui.widgets.transcript import ChatMessage, Transcript
+from app.tui.widgets.transcript import ChatMessage, Transcript, stored_reply
+from inferscale_core.composer import TurnRejected
 from inferscale_core.session import Reply
 from inferscale_core.types import Conversation
 
@@ -50,7 +51,7 @@ def reply_note(reply: Reply) -> str:
     result = reply.result
     ttft = f" · TTFT {result.ttft_s * 1e3:,.0f} ms" if result and result.ttft_s else ""
     used = f"{len(reply.facts)} memories" if reply.facts else "no memory"
-    return f"{reply.mode} · {used}{ttft}"
+    return " · ".join([f"{reply.mode} · {used}{ttft}", *reply.notes])
 
 
 def _speaker(speaker: str) -> tuple[str, str]:
@@ -137,7 +138,12 @@ class ChatScreen(Screen):
         if self.answering is not None:
             self.notify("Still answering: Esc stops the reply first.", severity="warning")
             return
-        turns = await self.app.read(lambda log, pid: log.conversation_turns(conversation_id))
+
+        def load(log, pid):  # the turns, and what the shown replies used (memory panel)
+            turns = log.conversation_turns(conversation_id)
+            return turns, log.reply_details(tid for tid, _ in turns[-MAX_TURNS_SHOWN:])
+
+        turns, details = await self.app.read(load)
         transcript = self.query_one(Transcript)
         await transcript.clear()
         if len(turns) > MAX_TURNS_SHOWN:
@@ -145,9 +151,16 @@ class ChatScreen(Screen):
             await transcript.add(Static(f"… {hidden:,} earlier turns not shown", classes="dim"))
             turns = turns[-MAX_TURNS_SHOWN:]
         messages = []
-        for _, turn in turns:
+        for turn_id, turn in turns:
             name, role = _speaker(turn.speaker)
-            messages.append(ChatMessage(name, turn.text, role=role))
+            stored = details.get(turn_id)
+            if stored is None:
+                messages.append(ChatMessage(name, turn.text, role=role))
+                continue
+            reply = stored_reply(conversation_id, turn_id, turn.text, stored)
+            message = ChatMessage(name, turn.text, role=role, note=reply_note(reply))
+            message.reply, message.k, message.mode = reply, stored.k, reply.mode
+            messages.append(message)
         await transcript.add(*messages)
         self.conversation_id = conversation_id
         prompt = self.query_one("#prompt", PromptInput)
@@ -256,9 +269,11 @@ class ChatScreen(Screen):
         worker = get_current_worker()
         deltas: queue.SimpleQueue[str] = queue.SimpleQueue()
 
+        recompute = self.app.config.recompute  # like k: from the next reply
+
         def job(session) -> Reply | None:
             session.config.mode = mode
-            session.config.k = k
+            session.config.k, session.config.recompute = k, recompute
             stream = session.ask(conversation_id, text)
             last = None
             try:
@@ -287,15 +302,17 @@ class ChatScreen(Screen):
         reply, error = None, None
         try:
             reply = future.result()
+        except TurnRejected as exc:  # empty, or longer than the model's context: not logged
+            error = f"not sent: {exc}"
         except Exception as exc:  # noqa: BLE001 - shown in the transcript
-            error = f"{type(exc).__name__}: {exc}"
+            error = f"error: {type(exc).__name__}: {exc}"
         self.app.call_from_thread(self._finish, message, reply, error, k)
 
     async def _finish(
         self, message: ChatMessage, reply: Reply | None, error: str | None, k: int
     ) -> None:
         if error is not None:
-            await message.finish(note=f"error: {error}")
+            await message.finish(note=error)
         elif reply is None:
             await message.finish(note="stopped (Esc)")
         else:

@@ -15,15 +15,35 @@ from inferscale_core.config import EXTRACTORS, AppConfig, ConfigError, save
 from inferscale_core.context_window import ANCHORED, WINDOWS
 
 #: Settings that only take effect when the assistant starts again (k applies at once).
-RESTART_KEYS = ("model", "w", "window", "gpu_pool_gib", "profile", "extractor")
+RESTART_KEYS = (
+    "model",
+    "w",
+    "window",
+    "gpu_pool_gib",
+    "profile",
+    "extractor",
+    "max_tokens",
+    "history_tokens",
+    "temperature",
+    "top_p",
+    "repetition_penalty",
+)
 
 FIELDS = (
     ("model", "Model folder: a local Hugging Face folder, empty = the embedded SmolLM2 (restart)"),
     ("k", "k: memories retrieved per reply (from the next reply)"),
+    ("recompute", "r: of those, the best r prefilled with the question, not injected (next reply)"),
     ("w", "w: context turns each memory is encoded with (restart; re-encodes)"),
     ("gpu_pool_gib", "GPU pool budget for the KV store, GiB; 0 = no device tier (restart)"),
     ("profile", "Profile: whose memory (restart)"),
+    ("inbox", "Inbox folder: exports dropped here are imported; empty = data folder's (at once)"),
+    ("max_tokens", "Reply length limit, tokens (restart)"),
+    ("history_tokens", "Recent turns kept in the prompt, at most this many tokens (restart)"),
+    ("temperature", "Temperature: empty = the model's default; 0 = greedy (restart)"),
+    ("top_p", "Top-p: empty = the model's default (restart)"),
+    ("repetition_penalty", "Repetition penalty: empty = the model's default; 1 = none (restart)"),
 )
+OPTIONAL = ("temperature", "top_p", "repetition_penalty")  # empty: the model's default
 
 CHOICES = (  # (setting, label, its options): a Select each
     (
@@ -42,8 +62,10 @@ CHOICES = (  # (setting, label, its options): a Select each
 def parse_form(values: dict[str, str], extractor: str, window: str = ANCHORED) -> AppConfig:
     """An :class:`AppConfig` from the form's text, or :class:`ConfigError` saying what's wrong."""
 
-    def number(name: str, kind: type) -> int | float:
+    def number(name: str, kind: type) -> int | float | None:
         text = values[name].strip()
+        if not text and name in OPTIONAL:
+            return None
         try:
             return kind(text)
         except ValueError:
@@ -53,11 +75,18 @@ def parse_form(values: dict[str, str], extractor: str, window: str = ANCHORED) -
     return AppConfig(
         model=values["model"].strip() or None,
         k=number("k", int),
+        recompute=number("recompute", int),
         w=number("w", int),
         window=window,
         gpu_pool_gib=number("gpu_pool_gib", float),
         profile=values["profile"].strip(),
+        inbox=values.get("inbox", "").strip() or None,
         extractor=extractor,
+        max_tokens=number("max_tokens", int),
+        history_tokens=number("history_tokens", int),
+        temperature=number("temperature", float),
+        top_p=number("top_p", float),
+        repetition_penalty=number("repetition_penalty", float),
     )
 
 
@@ -128,5 +157,5 @@ class SettingsScreen(Screen):
         later = [k for k in RESTART_KEYS if getattr(new, k) != getattr(self.config, k)]
         self.app.apply_config(new)
         note = f" {', '.join(later)}: at the next start." if later else ""
-        self.notify(f"Settings saved. k applies to the next reply.{note}")
+        self.notify(f"Settings saved. k and r apply to the next reply.{note}")
         self.app.pop_screen()

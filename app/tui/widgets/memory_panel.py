@@ -27,12 +27,13 @@ def numbers(reply: Reply, k: int | None) -> Text:
     """The reply's figures: k, facts, injected tokens, TTFT, prompt/computed tokens."""
     result = reply.result
     injected = sum(1 for f in reply.facts if f.how == "injected")
-    as_text = len(reply.facts) - injected
+    recomputed = sum(1 for f in reply.facts if f.how == "recomputed")
+    as_text = len(reply.facts) - injected - recomputed
     text = Text()
     text.append(f"{MODE_NAMES.get(reply.mode, reply.mode)}\n", style="bold")
     text.append(f"k {k if k is not None else '?'} · {len(reply.facts)} facts retrieved")
     if reply.mode == "inject":
-        text.append(f" ({injected} injected, {as_text} as text)")
+        text.append(f" ({injected} injected, {recomputed} recomputed, {as_text} as text)")
     text.append("\n")
     if result is None:
         return text
@@ -43,6 +44,8 @@ def numbers(reply: Reply, k: int | None) -> Text:
     text.append(f"prefix cache     {result.prefix_cached_tokens:,}\n")
     if result.refused:
         text.append(f"not injected: {result.refused}\n", style="bold red")
+    for note in reply.notes:
+        text.append(f"{note}\n", style="yellow")
     return text
 
 
@@ -54,7 +57,7 @@ def facts(reply: Reply) -> Text | Table:
     grid.add_column(justify="right", style="bold")
     grid.add_column()
     for i, fact in enumerate(reply.facts, 1):
-        source = (fact.tier or "?") if fact.how == "injected" else "as text"
+        source = {"injected": fact.tier or "?", "recomputed": "recomputed"}.get(fact.how, "as text")
         head = Text()
         head.append(f"{fact.refers_to or 'no date'} ", style="cyan")
         head.append(f"{fact.score:.2f} ", style="green")
