@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import TYPE_CHECKING
@@ -142,3 +143,57 @@ class GenerationResult:
     def computed_tokens(self) -> int:
         """Prompt tokens the engine actually prefilled."""
         return self.prompt_tokens - self.cached_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyMemory:
+    """One memory a stored reply used (a row of the fact log's ``reply_memories`` table)."""
+
+    fact_id: int
+    text: str  # the fact's text as it went into the prompt; "" once the fact is forgotten
+    refers_to: str | None  # YYYY-MM-DD, the day the fact is about, when it has one
+    score: float  # the retriever's similarity
+    how: str  # "injected" (KV from the store) or "text" (prefilled as prompt text)
+    tier: str | None = None  # which store tier served its KV, when injected
+    forgotten: bool = False  # the fact was forgotten since: its text is gone
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyDetails:
+    """What one assistant turn used and how it went (the fact log's ``reply_details``).
+
+    The figures are None when the engine returned nothing for the reply.
+    """
+
+    mode: str  # "inject" (KV injection) or "prompt" (facts as prompt text)
+    k: int  # facts asked of the retriever
+    memories: tuple[ReplyMemory, ...] = ()  # in the order they went into the prompt
+    notes: tuple[str, ...] = ()  # what the user was told about the reply (trimmed, stopped)
+    ttft_s: float | None = None
+    prompt_tokens: int | None = None
+    injected_tokens: int | None = None
+    computed_tokens: int | None = None  # prefilled by the engine
+    prefix_cached_tokens: int | None = None
+    refused: str | None = None  # why the connector did not inject, if it did not
+
+    @classmethod
+    def of(
+        cls,
+        result: GenerationResult | None,
+        mode: str,
+        k: int,
+        memories: Iterable[ReplyMemory],
+        notes: Iterable[str] = (),
+    ) -> ReplyDetails:
+        """The details of a reply whose engine request ended as ``result`` (None: nothing)."""
+        figures = {}
+        if result is not None:
+            figures = {
+                "ttft_s": result.ttft_s,
+                "prompt_tokens": result.prompt_tokens,
+                "injected_tokens": result.injected_tokens,
+                "computed_tokens": result.computed_tokens,
+                "prefix_cached_tokens": result.prefix_cached_tokens,
+                "refused": result.refused,
+            }
+        return cls(mode, k, tuple(memories), tuple(notes), **figures)

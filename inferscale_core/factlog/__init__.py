@@ -15,6 +15,7 @@ tables), each a mixin of :class:`FactLog` over the shared connection of
 * ``facts``: ``facts`` (each change writes its ``audit`` row); ``audit``: reading the trail;
 * ``kv_index``: ``kv_entries``; ``embeddings``: ``fact_embeddings``;
 * ``imports``: ``imports``; ``extraction``: ``extraction_cursor``;
+* ``replies``: ``reply_details`` and ``reply_memories`` (what each assistant turn used);
 * ``migrations``: the schema.
 
 Decisions:
@@ -24,13 +25,15 @@ Decisions:
   source's ``datetime.isoformat()`` verbatim: an aware time keeps its original offset (the
   user's local day matters for dates facts refer to), a naive one stays naive (zone unknown).
   Turns are ordered by ``idx``, never by timestamp. ``facts.refers_to`` is ``YYYY-MM-DD``.
-* Forgetting: a forgotten fact's ``text`` becomes "" and its ``kv_entries`` and
-  ``fact_embeddings`` rows are deleted in the same transaction (the caller deletes the tensors
-  under the returned keys). It is never returned by :meth:`FactLog.active_facts`,
+* Forgetting: a forgotten fact's ``text`` becomes "", its ``kv_entries`` and
+  ``fact_embeddings`` rows are deleted, and its text is blanked in the stored details of the
+  replies that used it (``reply_memories``), in the same transaction (the caller deletes the
+  tensors under the returned keys). It is never returned by :meth:`FactLog.active_facts`,
   :meth:`FactLog.facts_without_kv` or :meth:`FactLog.embeddings`, and :meth:`FactLog.record_kv`
   and :meth:`FactLog.store_embedding` refuse it. Trade-off: the text survives in the audit trail
   (``old_text`` of the 'forget' row and ``new_text`` of the earlier 'add'/'update' rows), in
-  superseded earlier versions, and in the turns it was extracted from, so the memory browser
+  superseded earlier versions, and in the turns it was extracted from (or that quote it,
+  replies included), so the memory browser
   can show what was forgotten and why; it is not an erasure. ``text_hash`` is kept as a
   tombstone so that re-running extraction over the old turns does not bring the fact back
   (:meth:`FactLog.add_fact` returns the forgotten id with ``created=False`` unless
@@ -59,6 +62,7 @@ from inferscale_core.factlog.extraction import ExtractionCursorMixin
 from inferscale_core.factlog.facts import FactsMixin
 from inferscale_core.factlog.imports import ImportsMixin
 from inferscale_core.factlog.kv_index import KVIndexMixin
+from inferscale_core.factlog.replies import ReplyDetailsMixin
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
@@ -77,6 +81,7 @@ class FactLog(
     EmbeddingsMixin,
     ExtractionCursorMixin,
     ImportsMixin,
+    ReplyDetailsMixin,
 ):
     """The fact log over a ``sqlite_utils.Database`` (``FactLog(Database(memory=True))`` in tests).
 

@@ -25,6 +25,7 @@ from inferscale_core.factlog._base import (
 from inferscale_core.factlog.audit import AuditMixin
 from inferscale_core.factlog.embeddings import EmbeddingsMixin
 from inferscale_core.factlog.kv_index import KVIndexMixin
+from inferscale_core.factlog.replies import ReplyDetailsMixin
 from inferscale_core.types import Fact
 
 logger = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ def _refers_to_text(refers_to: date | str | None) -> str | None:
     return refers_to.isoformat()
 
 
-class FactsMixin(AuditMixin, KVIndexMixin, EmbeddingsMixin):
+class FactsMixin(AuditMixin, KVIndexMixin, EmbeddingsMixin, ReplyDetailsMixin):
     # -- writing ----------------------------------------------------------------------------
 
     def add_fact(
@@ -168,8 +169,9 @@ class FactsMixin(AuditMixin, KVIndexMixin, EmbeddingsMixin):
 
     def forget_fact(self, fact_id: int, cause: str) -> list[str]:
         """Forget a fact (active or superseded): status 'forgotten', text "" (the text is kept
-        only in the audit trail, see the package docstring), KV and embedding rows deleted, all
-        in one transaction. Returns the removed KV keys; the caller deletes the tensors there.
+        only in the audit trail, see the package docstring), KV and embedding rows deleted, its
+        text blanked in the stored details of the replies that used it, all in one
+        transaction. Returns the removed KV keys; the caller deletes the tensors there.
         Forgetting a forgotten fact returns [] and changes nothing."""
         with self.transaction():
             row = self.db.execute(
@@ -179,6 +181,7 @@ class FactsMixin(AuditMixin, KVIndexMixin, EmbeddingsMixin):
                 raise KeyError(f"no fact {fact_id}")
             profile_id, text, status = row
             self._drop_embeddings(fact_id)
+            self._forget_in_replies(fact_id)
             if status == "forgotten":
                 return self._drop_kv(fact_id)
             now = utc_now()

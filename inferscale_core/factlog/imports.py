@@ -67,3 +67,13 @@ class ImportsMixin(FactLogBase):
                     utc_now(),
                 ),
             )
+
+    def quarantined_imports(self, profile_id: int, limit: int = 100) -> list[tuple[Path, str]]:
+        """``(path, reason)`` of the files that were quarantined and not imported since, the
+        latest first (the inbox and the import screen record them alike)."""
+        rows = self.db.execute(
+            "SELECT path, reason FROM imports WHERE profile_id = ? AND status = 'quarantined'"
+            " ORDER BY at DESC, id DESC LIMIT ?",
+            (profile_id, limit),
+        ).fetchall()
+        return [(Path(path), reason or "") for path, reason in rows]

@@ -213,6 +213,54 @@ def m009_extraction_cursor(db: Database) -> None:
     )
 
 
+@migrations()
+def m010_reply_details(db: Database) -> None:
+    # What each assistant turn used, for the memory panel of a reopened conversation: one
+    # reply_details row per turn and one reply_memories row per memory, in prompt order. They
+    # go with their turn (ON DELETE CASCADE). The composite foreign keys keep a reply and the
+    # facts it names in one profile; turns get the unique (id, profile_id) they need as a
+    # parent key. No CHECKs on the engine's figures: a reply is never lost to one.
+    db.execute("CREATE UNIQUE INDEX idx_turns_id_profile ON turns (id, profile_id)")
+    db.execute(
+        """
+        CREATE TABLE reply_details (
+            turn_id INTEGER PRIMARY KEY,
+            profile_id INTEGER NOT NULL,
+            mode TEXT NOT NULL,
+            k INTEGER NOT NULL,
+            ttft_s REAL,
+            prompt_tokens INTEGER,
+            injected_tokens INTEGER,
+            computed_tokens INTEGER,
+            prefix_cached_tokens INTEGER,
+            refused TEXT,
+            notes TEXT NOT NULL DEFAULT '[]',
+            FOREIGN KEY (turn_id, profile_id) REFERENCES turns(id, profile_id) ON DELETE CASCADE
+        )
+        """
+    )
+    # Forgetting a fact blanks its text here too (found through idx_reply_memories_fact).
+    db.execute(
+        """
+        CREATE TABLE reply_memories (
+            turn_id INTEGER NOT NULL REFERENCES reply_details(turn_id) ON DELETE CASCADE,
+            pos INTEGER NOT NULL CHECK (pos >= 0),
+            profile_id INTEGER NOT NULL,
+            fact_id INTEGER NOT NULL,
+            text TEXT NOT NULL,
+            refers_to TEXT,
+            score REAL NOT NULL,
+            how TEXT NOT NULL,
+            tier TEXT,
+            forgotten INTEGER NOT NULL DEFAULT 0 CHECK (forgotten IN (0, 1)),
+            PRIMARY KEY (turn_id, pos),
+            FOREIGN KEY (fact_id, profile_id) REFERENCES facts(id, profile_id)
+        )
+        """
+    )
+    db.execute("CREATE INDEX idx_reply_memories_fact ON reply_memories (fact_id)")
+
+
 def migrate(db: Database) -> None:
     """Apply every pending migration; a no-op when the schema is current.
 

@@ -93,6 +93,31 @@ EXPECTED_COLUMNS = {
         "at": str,
     },
     "extraction_cursor": {"profile_id": int, "last_turn_id": int},
+    "reply_details": {
+        "turn_id": int,
+        "profile_id": int,
+        "mode": str,
+        "k": int,
+        "ttft_s": float,
+        "prompt_tokens": int,
+        "injected_tokens": int,
+        "computed_tokens": int,
+        "prefix_cached_tokens": int,
+        "refused": str,
+        "notes": str,
+    },
+    "reply_memories": {
+        "turn_id": int,
+        "pos": int,
+        "profile_id": int,
+        "fact_id": int,
+        "text": str,
+        "refers_to": str,
+        "score": float,
+        "how": str,
+        "tier": str,
+        "forgotten": int,
+    },
 }
 
 
@@ -129,6 +154,7 @@ def test_migrations_create_the_schema_and_reapply_as_a_no_op():
         "m007_fact_embeddings",
         "m008_imports",
         "m009_extraction_cursor",
+        "m010_reply_details",
     ]
     assert db["kv_entries"].pks == ["fact_id", "model_fingerprint", "w", "encoder_version"]
     assert db["fact_embeddings"].pks == ["fact_id", "model"]

@@ -2,11 +2,59 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Label, Markdown, Static
 
-from inferscale_core.session import Reply
+from inferscale_core.session import InjectedFact, Reply
+from inferscale_core.types import GenerationResult, ReplyDetails
+
+FORGOTTEN = "(forgotten)"
+
+
+@dataclass(slots=True)
+class StoredReply(Reply):
+    """A reply read back from the fact log: its notes are the ones it was given."""
+
+    stored_notes: list[str] = field(default_factory=list)
+
+    @property
+    def notes(self) -> list[str]:
+        return list(self.stored_notes)
+
+
+def stored_reply(conversation_id: int, turn_id: int, text: str, details: ReplyDetails) -> Reply:
+    """The :class:`Reply` of a stored assistant turn, for the memory panel, as it was live."""
+    result = None
+    if details.prompt_tokens is not None:
+        computed = details.computed_tokens or 0
+        result = GenerationResult(
+            f"turn-{turn_id}",
+            prompt_tokens=details.prompt_tokens,
+            text=text,
+            ttft_s=details.ttft_s,
+            cached_tokens=details.prompt_tokens - computed,
+            prefix_cached_tokens=details.prefix_cached_tokens or 0,
+            injected_tokens=details.injected_tokens or 0,
+            refused=details.refused,
+        )
+    facts = [
+        InjectedFact(
+            m.fact_id, FORGOTTEN if m.forgotten else m.text, m.refers_to, m.score, m.how, m.tier
+        )
+        for m in details.memories
+    ]
+    return StoredReply(
+        conversation_id,
+        text=text,
+        facts=facts,
+        result=result,
+        mode=details.mode,
+        assistant_turn_id=turn_id,
+        stored_notes=list(details.notes),
+    )
 
 
 class ChatMessage(Vertical):
