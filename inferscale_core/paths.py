@@ -47,8 +47,15 @@ def memory_db() -> Path:
     return data_dir() / "memory.db"
 
 
-def inbox_dir() -> Path:
-    """The folder watched for chat exports to import (created when first watched)."""
+def inbox_dir(configured: str | Path | None = None) -> Path:
+    """The folder watched for chat exports to import (created 0700 when first watched).
+
+    Args:
+        configured: the config's ``inbox`` (``~`` is expanded); ``None`` or empty means
+            ``data_dir()/inbox``.
+    """
+    if configured:
+        return Path(configured).expanduser().absolute()
     return data_dir() / "inbox"
 
 

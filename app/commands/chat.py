@@ -3,7 +3,8 @@
 Builds what :class:`app.tui.app.AssistantApp` needs from the config file: a session opener that
 starts the engine (on the app's session thread, while the chat screen is already up), the fact
 log and inbox paths. While the UI runs, whatever the engine writes to the process's stdout and
-stderr from C or Python goes to ``cache_dir()/chat.log`` instead of the screen.
+stderr from C or Python goes to ``cache_dir()/chat.log`` instead of the screen. The app watches
+the config's inbox (``data_dir()/inbox`` unless set) while it runs.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def run_chat(config: AppConfig, *, verbose: bool = False) -> int:
         make_opener(config, db_path, verbose),
         db_path=db_path,
         config_path=paths.config_file(),
-        inbox=paths.inbox_dir(),
+        inbox=paths.inbox_dir(config.inbox),
         model_label=model_label(config.model),
     )
     try:

@@ -1,8 +1,9 @@
 """``inferscale-assistant import PATH`` and ``inferscale-assistant watch [INBOX]``.
 
 Both use the fact log at ``data_dir()/memory.db`` and the config's profile ("default"). Files
-directly in the inbox (``data_dir()/inbox`` unless ``watch`` is given another) are moved to its
-``imported/`` or ``quarantine/`` folder; files named elsewhere are only read.
+directly in the inbox (the config's ``inbox``, else ``data_dir()/inbox``; ``watch`` may be given
+another) are moved to its ``imported/`` or ``quarantine/`` folder; files named elsewhere are only
+read.
 """
 
 from __future__ import annotations
@@ -38,10 +39,13 @@ from inferscale_core.importers.watcher import InboxWatcher
 PROFILE = "default"
 
 
-def run_import(path: Path, console: Console, profile: str = PROFILE) -> int:
-    """Import a file or a folder; 0 when no file was quarantined, else 1."""
+def run_import(
+    path: Path, console: Console, profile: str = PROFILE, inbox: Path | None = None
+) -> int:
+    """Import a file or a folder; 0 when no file was quarantined, else 1. Files from ``inbox``
+    (default: the data folder's) are moved out of it when done."""
     with FactLog.open(paths.memory_db()) as log:
-        importer = Importer(log, log.profile(profile), paths.inbox_dir())
+        importer = Importer(log, log.profile(profile), inbox or paths.inbox_dir())
         with Progress(
             SpinnerColumn(),
             TextColumn("{task.description}"),
@@ -190,7 +194,7 @@ def _run_import(args: argparse.Namespace, console: Console) -> int:
     config = load_config(console)
     if config is None:
         return 2
-    code = run_import(args.path, console, config.profile)
+    code = run_import(args.path, console, config.profile, paths.inbox_dir(config.inbox))
     if not args.encode:
         return code
     from app.commands.encode import encode_pending
@@ -202,4 +206,4 @@ def _run_watch(args: argparse.Namespace, console: Console) -> int:
     config = load_config(console)
     if config is None:
         return 2
-    return run_watch(args.inbox or paths.inbox_dir(), console, config.profile)
+    return run_watch(args.inbox or paths.inbox_dir(config.inbox), console, config.profile)

@@ -5,6 +5,8 @@ the session thread (:class:`~app.tui.session_host.SessionHost`) and may take hal
 starts the engine); tests pass one that opens a Session on the test engine, snapshots one that
 returns a scripted fake. The first screen is usable at once: a message typed while the engine
 loads waits in the session thread's queue and is answered when it is ready.
+
+While the app runs it watches ``inbox`` (:mod:`app.tui.inbox`).
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from textual.screen import Screen
 from textual.worker import get_current_worker
 
 from app.startup import STEPS
+from app.tui.inbox import InboxWatching
 from app.tui.screens.chat import ChatScreen
 from app.tui.screens.dialogs import KeysDialog
 from app.tui.screens.import_screen import ImportScreen
 from app.tui.screens.memory import MemoryScreen
 from app.tui.screens.settings import SettingsScreen
 from app.tui.session_host import ChatSession, SessionHost, SessionOpener
+from inferscale_core import paths
 from inferscale_core.config import AppConfig
 from inferscale_core.factlog import FactLog
 
@@ -49,7 +53,7 @@ def _keys(bindings) -> list[tuple[str, str]]:
     return out
 
 
-class AssistantApp(App[None]):
+class AssistantApp(InboxWatching, App[None]):
     CSS_PATH = "app.tcss"  # beside this module
     TITLE = "InferScale assistant"
     BINDINGS = [
@@ -73,7 +77,6 @@ class AssistantApp(App[None]):
         super().__init__()
         self.config = config
         self.config_path = Path(config_path)
-        self.inbox = Path(inbox)
         self.import_root = Path(import_root) if import_root else Path.home()
         self.model_label = model_label
         self.host = SessionHost(open_session, db_path, config.profile)
@@ -83,12 +86,14 @@ class AssistantApp(App[None]):
         self.load_step = "starting"
         self.load_error: str | None = None
         self.chat = ChatScreen()
+        self.init_inbox(inbox)
 
     # ---- start-up ----
     def on_mount(self) -> None:
         self.sub_title = self.model_label
         self.push_screen(self.chat)
         self.start_session()
+        self.watch_inbox(self.inbox)
 
     @work(thread=True, exclusive=True, group="startup")
     def start_session(self) -> None:
@@ -141,8 +146,12 @@ class AssistantApp(App[None]):
         return await asyncio.wrap_future(self.host.submit(fn))
 
     def apply_config(self, config: AppConfig) -> None:
-        """Settings saved: k applies to the next reply; the rest at the next start."""
+        """Settings saved: k and r apply to the next reply, a new inbox at once; the rest at
+        the next start."""
+        changed_inbox = config.inbox != self.config.inbox
         self.config = config
+        if changed_inbox:
+            self.watch_inbox(paths.inbox_dir(config.inbox))
 
     # ---- screens ----
     def _open(self, screen_id: str, make: Callable[[], Screen | str]) -> None:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.cells import cell_len
 from textual import work
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import (
     Button,
     DataTable,
@@ -19,9 +22,18 @@ from textual.widgets import (
     ProgressBar,
 )
 
+from app.tui.inbox import quarantine_reason
 from app.tui.widgets.status import StatusBar
 from inferscale_core.factlog import FactLog
-from inferscale_core.importers.pipeline import Importer, ImportReport, ProgressEvent, is_candidate
+from inferscale_core.importers.pipeline import (
+    Importer,
+    ImportReport,
+    ProgressEvent,
+    is_candidate,
+)
+
+#: The most cells a file name takes in the quarantine table (longer ones: :func:`fit_name`).
+NAME_CELLS = 24
 
 STATUS_WORDS = {"imported": "imported", "skipped": "already imported", "quarantined": "quarantined"}
 
@@ -33,6 +45,48 @@ def outcome(report: ImportReport) -> str:
         f"{len(report.skipped)} already imported, {len(report.quarantined)} quarantined; "
         f"{report.conversations:,} conversations, {report.turns_added:,} turns added"
     )
+
+
+def fit_name(name: str, width: int) -> str:
+    """``name`` in at most ``width`` cells, cut in the middle with "…"; the extension stays.
+
+    ``claude_conversations.json`` in 20 cells is ``claude_con…ions.json``.
+    """
+    if cell_len(name) <= width:
+        return name
+    if width <= 1:
+        return "…"[:width]
+    room = width - 1  # cells for the two ends
+    dot = name.rfind(".")
+    extension = cell_len(name[dot:]) if dot > 0 else 0
+    tail = min(max(extension, room // 2), room - 1)
+    head = room - tail
+    return _first_cells(name, head) + "…" + _first_cells(name[::-1], tail)[::-1]
+
+
+def _first_cells(text: str, cells: int) -> str:
+    """The longest start of ``text`` that fits in ``cells`` (wide characters count 2)."""
+    used = 0
+    for i, char in enumerate(text):
+        used += cell_len(char)
+        if used > cells:
+            return text[:i]
+    return text
+
+
+class FileName(Widget):
+    """``[i/n] name``: the name fitted to the widget's width by :func:`fit_name`."""
+
+    DEFAULT_CSS = "FileName { height: 1; }"
+
+    def __init__(self, counter: str, file_name: str, classes: str = "") -> None:
+        super().__init__(classes=classes)
+        self.counter = counter
+        self.file_name = file_name
+
+    def render(self) -> Content:
+        room = self.content_size.width - cell_len(self.counter)
+        return Content(self.counter + fit_name(self.file_name, room))
 
 
 class ExportTree(DirectoryTree):
@@ -48,10 +102,10 @@ class FileProgress(Horizontal):
     def __init__(self, event: ProgressEvent) -> None:
         super().__init__(classes="file-progress")
         self.path = event.path
-        self.label = f"[{event.file_index}/{event.file_count}] {event.path.name}"
+        self.counter = f"[{event.file_index}/{event.file_count}] "
 
     def compose(self):
-        yield Label(self.label, classes="file-name", markup=False)
+        yield FileName(self.counter, self.path.name, classes="file-name")
         yield ProgressBar(total=None, show_eta=False, classes="file-bar")
         yield Label("reading…", classes="file-status", markup=False)
 
@@ -98,7 +152,7 @@ class ImportScreen(Screen):
         yield StatusBar()
         yield Footer()
 
-    def on_mount(self) -> None:
+    async def on_mount(self) -> None:
         tree = self.query_one(ExportTree)
         tree.root.set_label(f"{self.root.name or self.root}/")
         table = self.query_one("#quarantine", DataTable)
@@ -106,6 +160,7 @@ class ImportScreen(Screen):
         table.add_column("reason", key="reason")
         self.query_one("#import-total").display = False
         self.query_one("#import-path").focus()
+        await self.show_earlier_quarantined()
 
     def on_directory_tree_file_selected(self, event: DirectoryTree.FileSelected) -> None:
         self.query_one("#import-path", Input).value = str(event.path)
@@ -179,6 +234,26 @@ class ImportScreen(Screen):
         if event.kind == "done":
             total.update(progress=event.file_index)
 
+    def show_quarantined(self, files: list[tuple[Path, str]]) -> None:
+        """One row per ``(path, reason)``: the file's name, and the first line of its reason
+        (what is wrong, what to do) wrapped to the table's width."""
+        table = self.query_one("#quarantine", DataTable)
+        names = [fit_name(path.name, NAME_CELLS) for path, _ in files]
+        name_width = max(map(cell_len, ["file", *names]))
+        # each column gets cell_padding on both sides; 2 more cells for the scrollbar
+        spare = table.scrollable_content_region.width - name_width - 4 * table.cell_padding - 2
+        table.clear(columns=True)
+        table.add_column("file", key="file", width=name_width)
+        table.add_column("reason", key="reason", width=max(spare, 20))
+        for (path, reason), name in zip(files, names, strict=True):
+            table.add_row(name, quarantine_reason(path, reason), height=None)
+
+    async def show_earlier_quarantined(self) -> None:
+        """Files quarantined before (from the inbox too), until an import here shows its own."""
+        files = await self.app.read(lambda log, pid: log.quarantined_imports(pid))
+        if files and not self.rows:
+            self.show_quarantined(files)
+
     def failed(self, error: str) -> None:
         self.query_one("#import-summary", Label).update(f"Import failed: {error}")
         self.notify(error, severity="error")
@@ -186,12 +261,7 @@ class ImportScreen(Screen):
     def finished(self, report: ImportReport) -> None:
         self.report = report
         self.query_one("#import-summary", Label).update(outcome(report))
-        table = self.query_one("#quarantine", DataTable)
-        for result in report.quarantined:
-            reason = (result.reason or "").splitlines()[0] if result.reason else ""
-            for long in {str(result.path.resolve()), str(result.path)}:  # the name says it
-                reason = reason.replace(long, result.path.name)
-            table.add_row(result.path.name, reason)
+        self.show_quarantined([(r.path, r.reason or "") for r in report.quarantined])
         session = self.app.host.session
         if session is not None and getattr(session, "worker", None) is not None:
             session.worker.wake()  # new turns: extract and encode them now
