@@ -24,7 +24,8 @@ many memories it uses. Nothing leaves this machine: no model hub, no telemetry.
 EPILOG = """\
 examples:
   inferscale-assistant                      # the chat (same as `inferscale-assistant chat`)
-  inferscale-assistant ask "What is the capital of France?"
+  inferscale-assistant ask "My sister Ines moved to Lisbon in March 2024."   # remembered
+  inferscale-assistant ask --json "Where does my sister live?"               # injected
   inferscale-assistant ask --fact "2023-05-08 I adopted a cat named Miso" "What is my cat called?"
   inferscale-assistant import ~/Downloads/conversations.json
   inferscale-assistant bench ttft --k 0,5,20,50 --runs 5 --json ttft.json
