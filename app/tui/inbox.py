@@ -31,6 +31,11 @@ from inferscale_core.importers.pipeline import (
 )
 from inferscale_core.importers.watcher import InboxWatcher
 
+# A dropped file is imported once unchanged this long (a copy in progress keeps changing it):
+# shorter than `watch`'s 2 s, so what the user drops shows within about 1.5 s.
+STABLE_SECONDS = 1.0
+POLL_SECONDS = 0.25
+
 
 @dataclass(slots=True)
 class InboxState:
@@ -127,6 +132,8 @@ class InboxWatching:
             watcher = InboxWatcher(
                 inbox,
                 lambda: self._inbox_importer(inbox),
+                STABLE_SECONDS,
+                POLL_SECONDS,
                 on_result=lambda result: self._post_inbox(inbox, "result", result=result),
                 on_error=lambda path, exc: self._post_inbox(inbox, "error", path, _why(exc)),
                 on_progress=lambda event: self._inbox_progress(inbox, event),
