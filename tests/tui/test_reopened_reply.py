@@ -106,7 +106,7 @@ async def test_a_reopened_reply_shows_the_memory_it_used(tmp_path):
             numbers = str(panel.query_one("#memory-numbers", Static).render())
             for line in (
                 "KV injection",
-                "k 7 · 3 facts retrieved (2 injected, 1 as text)",
+                "k 7 · 3 facts retrieved (2 injected, 0 recomputed, 1 as text)",
                 "injected tokens  124",
                 "TTFT             41 ms",
                 "prompt tokens    212",
@@ -115,6 +115,11 @@ async def test_a_reopened_reply_shows_the_memory_it_used(tmp_path):
                 NOTE,
             ):
                 assert line in numbers, numbers
+            await until(  # the facts' table renders after the numbers
+                pilot,
+                lambda: "grey cat named Miso" in _screen_text(app, tmp_path / "reopened.svg"),
+                "the facts in the panel",
+            )
             screen = _screen_text(app, tmp_path / "reopened.svg")
             assert "grey cat named Miso" in screen and "host #1" in screen
             assert "2023-05-08 0.83" in screen
