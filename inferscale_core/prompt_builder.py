@@ -64,10 +64,13 @@ class PromptBuilder:
         """What the fact log records as encoding a fact (entries of another are stale)."""
         return self.encoder.version
 
-    def cache_salt(self, w: int, window: str = ANCHORED) -> str:
-        """Keeps this encoding's KV apart from any other in vLLM's prefix cache."""
+    def cache_salt(self, w: int, window: str = ANCHORED, recompute: int = 0) -> str:
+        """Keeps this encoding's KV apart from any other in vLLM's prefix cache, and a request
+        whose last ``recompute`` facts are prefilled apart from one that injects them (same
+        token ids, other KV: without it the cache would serve one for the other)."""
         encoding = encoding_version(self.encoder.version, w, window)
-        return f"inferscale/{encoding}/{self.fingerprint}/w{w}"
+        salt = f"inferscale/{encoding}/{self.fingerprint}/w{w}"
+        return f"{salt}/r{recompute}" if recompute else salt
 
     def ensure_prefix(self) -> str:
         """Encode the system prefix once (it is exact: nothing precedes it)."""
@@ -126,7 +129,7 @@ class PromptBuilder:
         split = len(facts) - min(max(recompute, 0), len(facts))
         entries = self.encode_many(facts[:split])
         lines = [fact_line(f.text, f.when) for f in facts[split:]]
-        return self.compose(entries, question, history, w, lines, window)
+        return self.compose(entries, question, history, w, lines, window, len(lines))
 
     def compose(
         self,
@@ -136,12 +139,13 @@ class PromptBuilder:
         w: int = 0,
         pending_lines: Sequence[str] = (),
         window: str = ANCHORED,
+        recompute: int = 0,
     ) -> ComposedPrompt:
         """A request over already-stored entries; ``pending_lines`` (facts whose KV is not
-        ready yet) follow the span as plain text and are prefilled like the question."""
-        composed = self.layout.compose(
-            self.ensure_prefix(), entries, question, history, self.cache_salt(w, window)
-        )
+        ready yet, and the ``recompute`` best ones) follow the span as plain text and are
+        prefilled like the question."""
+        salt = self.cache_salt(w, window, recompute)
+        composed = self.layout.compose(self.ensure_prefix(), entries, question, history, salt)
         if not pending_lines:
             return composed
         extra = [t for line in pending_lines for t in self.layout.fact_ids(line)]

@@ -228,8 +228,9 @@ class Session:
             entries, lines, reply.facts = self._plan(hits)
             injected = [f for f in reply.facts if f.how == "injected"]
             injected_keys = [key for key, _ in entries]
+            recomputed = sum(1 for f in reply.facts if f.how == "recomputed")
             prompt = self.builder.compose(
-                entries, text, history, self.config.w, lines, self.config.window
+                entries, text, history, self.config.w, lines, self.config.window, recomputed
             )
         if self.worker is not None:
             self.worker.pause()
@@ -253,7 +254,7 @@ class Session:
                 fact.how = "text" if fact.how == "injected" else fact.how
         elif reply.result is not None:
             for fact, key in zip(injected, injected_keys, strict=True):
-                fact.tier = reply.result.entry_tiers.get(key)
+                fact.tier = reply.result.entry_tiers.get(key, fact.tier)  # none if stopped early
         if user_turn_id is not None:
             memories = [
                 ReplyMemory(f.fact_id, f.text, f.refers_to, f.score, f.how, f.tier)
