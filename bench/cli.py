@@ -139,6 +139,7 @@ def _run_ttft(args: argparse.Namespace, console: Console) -> int:
     from bench.report import command_line
 
     ks = _ks(args, args.k)
+    recompute = _ks(args, args.recompute, "--recompute")
     if args.runs < 1:
         args.parser.error("--runs must be at least 1")
     setup = _latency_setup(args, console, pool_size_for(ks))
@@ -150,6 +151,7 @@ def _run_ttft(args: argparse.Namespace, console: Console) -> int:
             args.runs,
             warmup=args.warmup,
             seed=args.seed,
+            recompute=recompute,
             model_name=name,
             command=command_line(),
             on_progress=status.update,
@@ -375,6 +377,7 @@ def _run_locomo(args: argparse.Namespace, console: Console) -> int:
         args.parser.error("--merge and --judge work on a saved run: add --rescore RUN.json")
     ks = _ks(args, args.k)
     ws = [] if args.w.strip().lower() == "none" else _windows(args, args.w)
+    rs = _ks(args, args.r, "--r")
     if min(ks) < 1:
         args.parser.error("--k needs numbers >= 1")
     reference = parse_names(args.reference)
@@ -415,6 +418,7 @@ def _run_locomo(args: argparse.Namespace, console: Console) -> int:
             seed=args.seed,
             ks=ks,
             ws=ws,
+            rs=rs,
             max_tokens=args.max_tokens,
             logprobs=args.logprobs,
             kl=not args.no_kl,
@@ -497,6 +501,7 @@ def _locomo_table(result: dict[str, Any]) -> None:
         columns[name] = lambda r, name=name: fmt(r["by_category"][name]["f1"])
     columns["KL/token"] = lambda r: fmt(r.get("kl_mean_per_token"), 4)
     columns["top-1 agree"] = lambda r: fmt(r.get("top1_agreement"), 3)
+    columns["prefilled"] = lambda r: fmt(r.get("computed_tokens_median"), 0)
     if any("judged_accuracy" in r for r in rows):
         columns["judged"] = lambda r: fmt(r.get("judged_accuracy"))
     _table(f"LoCoMo, {result['scores']['questions']} questions — {result['model']}", rows, columns)
@@ -581,6 +586,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         " and (c) the same prompt sent again (prefix caching's best case) in the same engine.",
     )
     ttft.add_argument("--k", default="0,5,20,50", help="comma-separated numbers of facts")
+    ttft.add_argument(
+        "--recompute",
+        default="0",
+        metavar="RS",
+        help="tail recompute: also time injection with the last r facts prefilled as text"
+        " (mode inject_r<r>), e.g. 0,2,4; an r >= k is skipped at that k (0)",
+    )
     _latency(ttft, runs=5, warmup=2)
     ttft.set_defaults(func=_run_ttft, parser=ttft)
 
@@ -695,6 +707,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="0,20,20a",
         help="comma-separated context windows for KV injection: 20 = the 20 turns before a"
         " fact, 20a = the anchored window of w=20 (0,20,20a); 'none' for no injection",
+    )
+    loc.add_argument(
+        "--r",
+        default="0",
+        metavar="RS",
+        help="tail recompute: for each window also answer with the r best facts prefilled as"
+        " text after the injected rest (inject_w<w>_r<r>@k); comma-separated, e.g. 0,1,2,4,8;"
+        " 0 = plain injection (0); an r >= k is skipped at that k (r = k is prompt injection)",
     )
     loc.add_argument(
         "--reference",

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from bench.prompts import recompute_salted
 from inferscale_core import wiring
 from inferscale_core.composer import ComposedPrompt, PlacedEntry, entry_key
 from inferscale_core.kvstore import KVStore
@@ -217,14 +218,38 @@ class DummyPrompts:
     def _ids(self, rng: random.Random, n: int) -> list[int]:
         return [rng.randrange(100, self.vocab) for _ in range(n)]
 
-    def pair(self, indices: Sequence[int], tag: str) -> tuple[ComposedPrompt, list[int]]:
-        prefix_key, prefix_ids = self.prefix
-        ids = list(prefix_ids)
-        entries = [PlacedEntry(prefix_key, 0, len(ids))]
-        for i in indices:
-            key, fact_ids = self.facts[i]
+    def pair(
+        self, indices: Sequence[int], tag: str, recompute: int = 0
+    ) -> tuple[ComposedPrompt, list[int]]:
+        question = self._ids(random.Random(tag), self.question_tokens)
+        facts = [self.facts[i] for i in indices]
+        composed = layout_request(self.prefix, facts, question, self.cache_salt, recompute)
+        return composed, list(composed.prompt_ids)
+
+
+def layout_request(
+    prefix: tuple[str, list[int]],
+    facts: Sequence[tuple[str, list[int]]],
+    question_ids: Sequence[int],
+    cache_salt: str,
+    recompute: int = 0,
+) -> ComposedPrompt:
+    """Prefix, facts (``(entry key, ids)``, prompt order) and question as one injected request.
+
+    The last ``recompute`` facts are no entries, only ids: prefilled with the question, after
+    the injected span, as :meth:`~inferscale_core.prompt_builder.PromptBuilder.build` lays out
+    a hybrid request (the ids are the same for every ``recompute``; its salt is its own:
+    :func:`~bench.prompts.recompute_salted`).
+    """
+    split = len(facts) - min(max(recompute, 0), len(facts))
+    prefix_key, prefix_ids = prefix
+    ids = list(prefix_ids)
+    entries = [PlacedEntry(prefix_key, 0, len(ids))]
+    for i, (key, fact_ids) in enumerate(facts):
+        if i < split:
             entries.append(PlacedEntry(key, len(ids), len(ids) + len(fact_ids)))
-            ids.extend(fact_ids)
-        ids.extend(self._ids(random.Random(tag), self.question_tokens))
-        keys = [e.key for e in entries[1:]]
-        return ComposedPrompt(ids, entries, keys, self.cache_salt), list(ids)
+        ids.extend(fact_ids)
+    ids.extend(question_ids)
+    keys = [e.key for e in entries[1:]]
+    composed = ComposedPrompt(ids, entries, keys, cache_salt)
+    return recompute_salted(composed, min(max(recompute, 0), len(facts)))

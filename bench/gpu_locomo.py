@@ -45,12 +45,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--k", default="5,20,50")
     parser.add_argument("--w", default="0,20,20a", help="context windows (0,20,20a)")
+    parser.add_argument(
+        "--r", default="0", help="best facts recomputed rather than injected, e.g. 0,1,2,4,8 (0)"
+    )
     parser.add_argument("--reference", default="reorder")
     parser.add_argument("--batch", type=int, default=32, help="questions answered at once (32)")
     args = parser.parse_args(argv)
     try:
         args.data = require(args.data)
-    except LocomoDataMissingError as exc:
+        grid = {  # before the model unpacks: a typo fails at once
+            "ks": parse_ks(args.k),
+            "ws": parse_windows(args.w, "--w"),
+            "rs": parse_ks(args.r, "--r"),
+        }
+    except (LocomoDataMissingError, ValueError) as exc:
         parser.error(str(exc))
 
     from inferscale_core import wiring
@@ -73,8 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         args.data,
         sample=args.sample,
         seed=args.seed,
-        ks=parse_ks(args.k),
-        ws=parse_windows(args.w, "--w"),
+        **grid,
         reference=parse_names(args.reference),
         batch=args.batch,
         json_path=json_path,

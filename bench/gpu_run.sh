@@ -25,9 +25,14 @@
 # tiny random Llama in bf16 (CUDA graphs on; TINY_CUDAGRAPH_MODE=FULL, TINY_KV_WRITE=backend,
 # TINY_BLOCK_SIZE=64);
 # SUITE=1 the 8B-shaped suite (gpu_suite.py; SUITE_PARTS, SUITE_CUDAGRAPH_MODE, SUITE_BLOCK_SIZE,
-# SUITE_UNFUSED, SUITE_HASH_ALGO; SUITE_PARTS=anatomy: where k=50 spends its time beyond k=0, step_anatomy.py);
+# SUITE_UNFUSED, SUITE_HASH_ALGO; SUITE_PARTS=anatomy: where k=50 spends its time beyond k=0, step_anatomy.py;
+# SUITE_PARTS=recompute: TTFT of the tail-recompute hybrid, injection with the last r facts prefilled,
+# r in 0,1,2,4,8 at k in 20,50, beside prompt injection, into gpu_suite.json's "recompute"; not in the
+# default parts, so add it: SUITE_PARTS=ttft,recompute; SUITE_RECOMPUTE_KS, SUITE_RECOMPUTE_RS change the grid);
 # ENCODE=0 encoding throughput (gpu_encode.py); RETRIEVAL=0 exact vs CAGRA (retrieval.py);
-# LOCOMO=0 LoCoMo answered by SmolLM2 on the GPU (gpu_locomo.py; LOCOMO_ARGS e.g. --sample 1540);
+# LOCOMO=0 LoCoMo answered by SmolLM2 on the GPU (gpu_locomo.py; LOCOMO_ARGS e.g. --sample 1540;
+# the tail-recompute sweep: LOCOMO_ARGS="--sample 200 --batch 100 --w 20a --k 5,20,50 --r 0,1,2,4,8",
+# cells inject_w20a_r<r>@k<k>, r >= k skipped; r=0 alone, the default, is the plain injection);
 # PROBE=0 the load's parts and the host tier's copies, outside vLLM (load_probe.py);
 # APP=0 the whole app path on the 8B shape within 24 GiB (app_path.py; APP_ARGS).
 # Results: $OUT/*.json and the logs.

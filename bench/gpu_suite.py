@@ -10,9 +10,13 @@ meaning), and measures in that one engine and run:
   (prefix caching's best case); first streamed token, and ``LLM.generate`` wall time;
 * the connector's own load time per request (GPU-pool tier and host tier), with the fused
   kernel and (``SUITE_UNFUSED=1``) with the unfused per-layer path;
-* throughput of 100 concurrent users, k=50 each (distinct sets), 32 output tokens.
+* throughput of 100 concurrent users, k=50 each (distinct sets), 32 output tokens;
+* (``SUITE_PARTS=recompute``, not run by default) TTFT of the tail-recompute hybrid at k in
+  {20, 50}: injection with the last r in {0, 1, 2, 4, 8} facts prefilled with the question
+  instead of injected (r=0: plain injection), beside prompt injection at the same k
+  (``SUITE_RECOMPUTE_KS``, ``SUITE_RECOMPUTE_RS`` change the grid; :meth:`Suite.recompute`).
 
-``SUITE_PARTS`` picks parts (see :func:`main`; ``anatomy`` is :mod:`.step_anatomy`).
+``SUITE_PARTS`` picks parts (see :func:`chosen_parts`; ``anatomy`` is :mod:`.step_anatomy`).
 ``SUITE_CUDAGRAPH_MODE`` (e.g. ``FULL``) sets vLLM's ``compilation_config.cudagraph_mode``;
 ``SUITE_BLOCK_SIZE`` (e.g. ``64``) the KV-cache block size.
 
@@ -28,16 +32,17 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.arguments import parse_names
-from bench.dummy import SHAPES
+from bench.arguments import parse_ks, parse_names
+from bench.dummy import SHAPES, layout_request
 from bench.report import percentile
 from inferscale_core import wiring
-from inferscale_core.composer import ComposedPrompt, PlacedEntry, entry_key
+from inferscale_core.composer import ComposedPrompt, entry_key
 from inferscale_core.fingerprint import model_fingerprint
 from inferscale_core.kvstore import KVStore
 from inferscale_core.types import FactKV
@@ -45,6 +50,7 @@ from inferscale_core.types import FactKV
 LLAMA_31_8B = SHAPES["llama-3.1-8b"]  # the shape of the kit's baseline
 FACT_TOKENS, QUESTION_TOKENS, PREFIX_TOKENS = 55, 64, 32
 KS = (0, 5, 15, 25, 50, 100)
+RECOMPUTE_KS, RECOMPUTE_RS = (20, 50), (0, 1, 2, 4, 8)
 
 
 def write_dummy_model(folder: Path) -> Path:
@@ -119,15 +125,13 @@ class Suite:
         report = self.store.prefetch([self.prefix_key] + [key for key, _ in self.pool])
         assert not report.skipped and not report.missing, report
 
-    def request(self, k: int) -> ComposedPrompt:
+    def request(self, k: int, recompute: int = 0) -> ComposedPrompt:
+        """k fresh facts of the pool and a fresh question; the last ``recompute`` facts are
+        prefilled with the question, not injected (in a prefix-cache salt of their own)."""
         facts = self.rng.sample(self.pool, k)
-        ids = list(self.prefix_ids)
-        entries = [PlacedEntry(self.prefix_key, 0, len(ids))]
-        for key, fact_ids in facts:
-            entries.append(PlacedEntry(key, len(ids), len(ids) + len(fact_ids)))
-            ids.extend(fact_ids)
-        ids.extend(_ids(self.rng, QUESTION_TOKENS))
-        return ComposedPrompt(ids, entries, [key for key, _ in facts], "gpu-suite")
+        question = _ids(self.rng, QUESTION_TOKENS)
+        prefix = (self.prefix_key, self.prefix_ids)
+        return layout_request(prefix, facts, question, "gpu-suite", recompute)
 
     def _ttft(self, prompt: Any) -> tuple[float, Any]:
         result = self.engine.generate(prompt, max_tokens=1)
@@ -234,6 +238,48 @@ class Suite:
                 flush=True,
             )
         return rows
+
+    def recompute(
+        self,
+        ks: Sequence[int] = RECOMPUTE_KS,
+        rs: Sequence[int] = RECOMPUTE_RS,
+        runs: int = 21,
+        warmup: int = 3,
+    ) -> dict[str, Any]:
+        """TTFT of the tail-recompute hybrid against plain injection and prompt injection.
+
+        At each k, injection with the last r facts prefilled (r < k; r=0 plain injection) and
+        prompt injection, fresh facts and question every request, every cell in turn within
+        each repetition and each after the same small untimed request (as :meth:`ttft`).
+        """
+        cells = recompute_cells(ks, rs)
+
+        def prompt(k: int, r: int | None) -> Any:
+            return self.request(k).prompt_ids if r is None else self.request(k, r)
+
+        for _ in range(warmup):  # each r has its own salt: each primes its own prefix block
+            for cell in cells:
+                self._ttft(prompt(*cell))
+        settle = self.request(0).prompt_ids
+        samples: dict[tuple[int, int | None], list[tuple[float, int, int]]] = {
+            cell: [] for cell in cells
+        }
+        for _ in range(runs):
+            for cell in cells:
+                self._ttft(settle)
+                ttft, result = self._ttft(prompt(*cell))
+                assert result.refused is None, result.refused
+                samples[cell].append((ttft, result.computed_tokens, result.injected_tokens))
+        summary = summarize_recompute(samples)
+        for k in ks:
+            line = [
+                f"{row['mode'] if row['mode'] == 'prompt' else 'r=' + str(row['recompute'])}"
+                f" {row['ttft_s_median'] * 1e3:.1f} ms"
+                for row in summary["rows"]
+                if row["k"] == k
+            ]
+            print(f"recompute k={k}: " + ", ".join(line), flush=True)
+        return summary
 
     def load_times(self, k: int = 50, runs: int = 10) -> dict[str, Any]:
         """The connector's whole load at k (ms, device-synced around it, timed from outside),
@@ -421,20 +467,97 @@ def _pinned_bandwidth(nbytes: int = 360 << 20, runs: int = 5) -> float:
     return nbytes * runs / (time.perf_counter() - t0) / 1e9
 
 
-PARTS = ("ttft", "load", "kernel", "unfused", "profile", "throughput", "anatomy")
+def recompute_cells(ks: Sequence[int], rs: Sequence[int]) -> list[tuple[int, int | None]]:
+    """``(k, r)`` in the order :meth:`Suite.recompute` times them: per k, r ascending (r < k:
+    r = k is prompt injection), then ``(k, None)``, prompt injection."""
+    cells: list[tuple[int, int | None]] = []
+    for k in sorted(set(ks)):
+        cells += [(k, r) for r in sorted(set(rs)) if r < k]
+        cells.append((k, None))
+    return cells
+
+
+def summarize_recompute(
+    samples: Mapping[tuple[int, int | None], Sequence[tuple[float, int, int]]],
+) -> dict[str, Any]:
+    """Rows (median, p90 TTFT; median computed and injected tokens) and ratios of the
+    ``recompute`` part from ``(ttft_s, computed_tokens, injected_tokens)`` per request."""
+    rows = []
+    for (k, r), values in samples.items():
+        ttfts = [ttft for ttft, _, _ in values]
+        rows.append(
+            {
+                "k": k,
+                "mode": "prompt" if r is None else "inject",
+                "recompute": k if r is None else r,  # facts prefilled as text
+                "runs": len(values),
+                "prompt_tokens": PREFIX_TOKENS + k * FACT_TOKENS + QUESTION_TOKENS,
+                "ttft_s_median": statistics.median(ttfts),
+                "ttft_s_p90": percentile(ttfts, 0.9),
+                "samples": ttfts,
+                "computed_tokens_median": statistics.median(c for _, c, _ in values),
+                "injected_tokens_median": statistics.median(i for _, _, i in values),
+            }
+        )
+    by = {(row["k"], row["mode"], row["recompute"]): row["ttft_s_median"] for row in rows}
+    ratios = {}
+    for (k, mode, r), value in by.items():
+        if mode != "inject":
+            continue
+        if r and (k, "inject", 0) in by:
+            ratios[f"inject_r{r}_over_r0_k{k}"] = value / by[(k, "inject", 0)]
+        if (k, "prompt", k) in by:
+            ratios[f"prompt_over_inject_r{r}_k{k}"] = by[(k, "prompt", k)] / value
+    ks = sorted({row["k"] for row in rows})
+    rs = sorted({row["recompute"] for row in rows if row["mode"] == "inject"})
+    return {
+        "ks": ks,
+        "rs": rs,
+        "fact_tokens": FACT_TOKENS,
+        "question_tokens": QUESTION_TOKENS,
+        "rows": rows,
+        "ratios": ratios,
+    }
+
+
+PARTS = ("ttft", "load", "kernel", "unfused", "profile", "throughput", "recompute", "anatomy")
+DEFAULT_PARTS = ("ttft", "load", "kernel", "unfused", "profile", "throughput")
+
+
+def chosen_parts(environ: Mapping[str, str]) -> set[str]:
+    """``SUITE_PARTS`` (comma-separated, default :data:`DEFAULT_PARTS`: all but ``recompute``
+    and ``anatomy``) picks what runs; ``SUITE_UNFUSED=0`` / ``SUITE_PROFILE=0`` drop
+    ``unfused`` / ``profile`` as before."""
+    chosen = set(parse_names(environ.get("SUITE_PARTS", ",".join(DEFAULT_PARTS))))
+    unknown = chosen - set(PARTS)
+    if unknown:
+        raise SystemExit(f"SUITE_PARTS: unknown {sorted(unknown)}; known: {', '.join(PARTS)}")
+    if environ.get("SUITE_UNFUSED", "1") != "1":
+        chosen.discard("unfused")
+    if environ.get("SUITE_PROFILE", "1") != "1":
+        chosen.discard("profile")
+    return chosen
+
+
+def recompute_grid(environ: Mapping[str, str]) -> dict[str, list[int]]:
+    """``SUITE_RECOMPUTE_KS`` / ``SUITE_RECOMPUTE_RS`` (comma-separated) as
+    :meth:`Suite.recompute`'s ``ks`` / ``rs``; unset: its defaults."""
+    grid = {}
+    for name in ("ks", "rs"):
+        text = environ.get(f"SUITE_RECOMPUTE_{name.upper()}", "")
+        if text.strip():
+            try:
+                grid[name] = parse_ks(text, f"SUITE_RECOMPUTE_{name.upper()}")
+            except ValueError as exc:
+                raise SystemExit(str(exc)) from None
+    return grid
 
 
 def main(out: Path) -> None:
-    """``SUITE_PARTS`` (comma-separated, default all but ``anatomy``) picks what runs;
-    ``SUITE_UNFUSED=0`` / ``SUITE_PROFILE=0`` drop ``unfused`` / ``profile`` as before."""
-    parts = set(parse_names(os.environ.get("SUITE_PARTS", ",".join(PARTS[:-1]))))
-    unknown = parts - set(PARTS)
-    if unknown:
-        raise SystemExit(f"SUITE_PARTS: unknown {sorted(unknown)}; known: {', '.join(PARTS)}")
-    if os.environ.get("SUITE_UNFUSED", "1") != "1":
-        parts.discard("unfused")
-    if os.environ.get("SUITE_PROFILE", "1") != "1":
-        parts.discard("profile")
+    """Run the parts :func:`chosen_parts` picks from the environment; write
+    ``gpu_suite.json``."""
+    parts = chosen_parts(os.environ)
+    grid = recompute_grid(os.environ)  # before the engine starts: a typo fails at once
     out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"bench": "gpu_suite", "device": torch.cuda.get_device_name()}
     suite = Suite(out)
@@ -478,6 +601,8 @@ def main(out: Path) -> None:
     save()
     if "throughput" in parts:
         result["throughput"] = suite.throughput()
+    if "recompute" in parts:
+        result["recompute"] = suite.recompute(**grid)
     result["store_stats"] = repr(suite.store.stats())
     save()
     print("wrote", out / "gpu_suite.json", flush=True)

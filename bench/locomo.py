@@ -9,6 +9,13 @@ greedy decoding, same question text:
 * ``inject_w<w>`` — KV injection of the same fact lines, each encoded after the system prefix
   and its w preceding conversation turns (w=0: the prefix alone); ``inject_w<w>a`` the same
   with the anchored window of that w (:mod:`inferscale_core.context_window`);
+* ``inject_w<w>_r<r>`` (with ``rs``) — the tail-recompute hybrid: the k−r lower-ranked facts
+  injected as above, the r best ones prefilled as text after them, with the question
+  (``PromptBuilder.build(recompute=r)``), so they attend to every injected fact. Only r < k
+  is run: r = k is prompt injection by construction (the same token ids, nothing injected);
+  r = 0 is ``inject_w<w>``. Each r has a prefix-cache salt of its own
+  (``PromptBuilder.cache_salt``): the hybrid's ids equal the plain injection's, and the same
+  batch must not serve one's tail blocks from the other's;
 * ``reorder`` (with ``reference=("reorder",)``) — prompt injection of the same facts in another,
   seeded order: not a product mode but the yardstick for the others, i.e. how far answers and
   next-token distributions move under a change that should not matter.
@@ -17,6 +24,8 @@ Answers are scored with LoCoMo's own token F1 (:mod:`~bench.locomo_score`),
 per category. Because a 135M model answers poorly, the answers' next-token distributions are
 compared too: along the prompt-injection answer (teacher-forced), mean KL(prompt ‖ injection)
 per answer token from vLLM's top-``logprobs`` logprobs, and how often the two argmaxes agree.
+Every cell also keeps the median tokens the engine prefilled (``computed_tokens_median``) and
+loaded from the store (``injected_tokens_median``): the hybrid's price in prefill.
 Where the injected run's greedy answer leaves the prompt-injection answer, a new injected
 request continues from the prompt-injection answer's tokens (so every position is scored
 on the same prefix), reusing the cached span (:class:`_Forcing`).
@@ -24,7 +33,8 @@ on the same prefix), reusing the cached span (:class:`_Forcing`).
 Questions are answered ``batch`` at a time, every request of a round submitted to the engine
 at once (decoding is memory-bound on a CPU: a batch costs little more than one request). So
 the answers' ``ttft_s`` count from a batch's submission and are not latency figures (those
-come from ``bench ttft``). Everything needed to re-score is saved in the JSON (``bench locomo
+come from ``bench ttft``, and for the hybrid from ``bench ttft --recompute`` and the GPU
+suite's ``recompute`` part). Everything needed to re-score is saved in the JSON (``bench locomo
 --rescore``), written after every batch so a long run can be followed and resumed.
 """
 
@@ -56,7 +66,9 @@ QA_PROMPT = (
     "Question: {question} Short answer:"
 )
 TEMPORAL_HINT = " Use the dates of the memories to answer with an approximate date."
-SETTINGS = ("data", "sample", "seed", "ks", "ws", "max_tokens", "logprobs", "kl", "reference")
+SETTINGS = (
+    "data", "sample", "seed", "ks", "ws", "rs", "max_tokens", "logprobs", "kl", "reference"
+)  # fmt: skip
 REFERENCES = ("reorder",)
 
 
@@ -66,8 +78,21 @@ def user_text(question: Question) -> str:
     return QA_PROMPT.format(question=text)
 
 
-def modes(ws: Sequence[int | str], reference: Sequence[str] = ()) -> list[str]:
-    return ["prompt", *(f"inject_w{w}" for w in ws), *reference]
+def inject_mode(spec: int | str, r: int = 0) -> str:
+    """``inject_w20a`` (r=0), ``inject_w20a_r2`` (the 2 best facts recomputed)."""
+    return f"inject_w{spec}" + (f"_r{r}" if r else "")
+
+
+def modes(
+    ws: Sequence[int | str],
+    reference: Sequence[str] = (),
+    rs: Sequence[int] = (0,),
+    k: int | None = None,
+) -> list[str]:
+    """The modes in table order (per window, r ascending); with ``k``, those run at that k
+    (r < k: r = k would be prompt injection)."""
+    injected = [inject_mode(spec, r) for spec in ws for r in rs if k is None or r < k]
+    return ["prompt", *injected, *reference]
 
 
 def run_locomo(
@@ -79,6 +104,7 @@ def run_locomo(
     seed: int = 0,
     ks: Sequence[int] = (5, 20, 50),
     ws: Sequence[int | str] = (0, 20, "20a"),
+    rs: Sequence[int] = (0,),
     max_tokens: int = 32,
     logprobs: int = 20,
     kl: bool = True,
@@ -99,16 +125,21 @@ def run_locomo(
     an earlier result of the same settings whose answered questions are kept. ``retrieval``
     is a file of :func:`export_retrieval` to answer on instead of retrieving (no embedder
     needed: a GPU machine without MiniLM answers on the facts MiniLM found elsewhere).
+    ``rs`` are the numbers of best facts recomputed rather than injected (0: plain injection;
+    an r >= k is skipped at that k).
     """
     unknown = set(reference) - set(REFERENCES)
     if unknown:
         raise ValueError(f"unknown reference mode(s): {', '.join(sorted(unknown))}")
+    if not rs or min(rs) < 0:
+        raise ValueError(f"rs needs whole numbers >= 0, got {list(rs)}")
     settings = {
         "data": str(data),
         "sample": sample,
         "seed": seed,
         "ks": sorted(ks),
         "ws": list(ws),
+        "rs": sorted(set(rs)),
         "max_tokens": max_tokens,
         "logprobs": logprobs,
         "kl": kl,
@@ -116,6 +147,7 @@ def run_locomo(
     }
     saved = dict(resume["settings"]) if resume is not None else {}
     saved.setdefault("reference", [])  # runs from before reference modes existed
+    saved.setdefault("rs", [0])  # runs from before tail recompute
     if resume is not None and {key: saved.get(key) for key in SETTINGS} != settings:
         raise ValueError("--resume: the saved run used other settings")
     result: dict[str, Any] = {
@@ -282,8 +314,8 @@ def _answer_chunk(
     """Answer a few questions at once: every request of a round goes in one engine batch.
 
     Round 1: prompt injection for every (question, k); round 2: KV injection for every
-    (question, k, w) (and the reference modes); then the KL continuations, round after round,
-    until none is left.
+    (question, k, w, r) (and the reference modes); then the KL continuations, round after
+    round, until none is left.
     """
     gen = {"max_tokens": settings["max_tokens"], "logprobs": settings["logprobs"]}
     prompts: dict[tuple[int, str], Any] = {}  # (question #, cell) -> prompt
@@ -300,9 +332,12 @@ def _answer_chunk(
             for spec in settings["ws"]:
                 w, window = window_of(spec)
                 facts_w = [memory.memory_fact(f, w, window) for f in top]
-                prompts[(i, f"inject_w{spec}@k{k}")] = builder.build(
-                    facts_w, text, w=w, window=window
-                )
+                for r in settings["rs"]:
+                    if r >= k:  # all k recomputed: prompt injection, which prompt@k is
+                        continue
+                    prompts[(i, f"{inject_mode(spec, r)}@k{k}")] = builder.build(
+                        facts_w, text, w=w, window=window, recompute=r
+                    )
     results: dict[tuple[int, str], GenerationResult] = {}
     for first_round in (True, False):
         keys = [key for key in prompts if key[1].startswith("prompt@") == first_round]
@@ -362,11 +397,15 @@ def _record(result: GenerationResult) -> dict[str, Any]:
 
 def score(result: dict[str, Any]) -> dict[str, Any]:
     """F1 per (mode, k), overall and per category; ratios to prompt injection with a paired
-    bootstrap 95% interval; KL statistics; judged accuracy where judged."""
+    bootstrap 95% interval; KL statistics; prefilled and loaded tokens; judged accuracy where
+    judged. Cells no question has (a merged run's grid has some) are left out."""
     settings = result["settings"]
     records = result["questions"]
     out: dict[str, Any] = {"questions": len(records), "cells": {}}
-    for key in _cells(settings):
+    keys = _cells(settings)
+    if records:
+        keys = [key for key in keys if any(key in q["answers"] for q in records)]
+    for key in keys:
         f1s = [
             locomo_f1(q["category"], q["answers"][key]["text"], q["gold"])
             for q in records
@@ -383,6 +422,10 @@ def score(result: dict[str, Any]) -> dict[str, Any]:
         judged = [q["answers"][key].get("judged") for q in records if key in q["answers"]]
         if any(j is not None for j in judged):
             cell["judged_accuracy"] = mean([float(j) for j in judged if j is not None])
+        for name in ("computed_tokens", "injected_tokens"):
+            counts = [q["answers"][key].get(name) for q in records if key in q["answers"]]
+            if counts and None not in counts:
+                cell[f"{name}_median"] = statistics.median(counts)
         mode, k = key.split("@")
         if mode != "prompt":
             baseline = f"prompt@{k}"
@@ -411,8 +454,8 @@ def score(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cells(settings: dict[str, Any]) -> list[str]:
-    names = modes(settings["ws"], settings.get("reference", ()))
-    return [f"{mode}@k{k}" for k in settings["ks"] for mode in names]
+    ws, reference, rs = settings["ws"], settings.get("reference", ()), settings.get("rs", [0])
+    return [f"{mode}@k{k}" for k in settings["ks"] for mode in modes(ws, reference, rs, k)]
 
 
 def _ratio(pairs: Sequence[tuple[float, float]]) -> float | None:
@@ -458,9 +501,10 @@ def _kl_summary(kls: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
 
 def merge_runs(result: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     """``result`` on the questions both runs answered, with the cells only ``other`` has added
-    (e.g. a ``--reference reorder`` run's) and re-scored: one table for modes answered in two
-    runs. The runs must share data, seed, k, answer length and logprobs; the prompt-injection
-    answers they share are deterministic, and ``prompt_agreement`` says how many matched."""
+    (e.g. a ``--reference reorder`` run's, or an ``--r`` sweep's) and re-scored: one table for
+    modes answered in two runs. The runs must share data, seed, k, answer length and
+    logprobs; the prompt-injection answers they share are deterministic, and
+    ``prompt_agreement`` says how many matched. Windows, r and reference modes are joined."""
     keys = ("data", "seed", "ks", "max_tokens", "logprobs")
     if any(result["settings"].get(k) != other["settings"].get(k) for k in keys):
         raise ValueError(f"the runs differ in one of {', '.join(keys)}")
@@ -478,9 +522,10 @@ def merge_runs(result: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
             else:
                 answers[cell] = answer
         merged["questions"].append({**q, "answers": answers})
-    reference = list(result["settings"].get("reference", []))
-    reference += [m for m in other["settings"].get("reference", []) if m not in reference]
-    merged["settings"]["reference"] = reference
+    for name, default in (("reference", []), ("ws", []), ("rs", [0])):
+        joined = list(result["settings"].get(name, default))
+        joined += [m for m in other["settings"].get(name, default) if m not in joined]
+        merged["settings"][name] = sorted(joined) if name == "rs" else joined
     merged["merged_from"] = {
         "other_command": other.get("command"),
         "questions": len(merged["questions"]),
@@ -508,38 +553,87 @@ def judge_answers(
 
 
 def headline(result: dict[str, Any]) -> str:
-    cells = result["scores"]["cells"]
+    settings, cells = result["settings"], result["scores"]["cells"]
     parts = []
-    for k in result["settings"]["ks"]:
-        base = cells[f"prompt@k{k}"]["f1"] or 0.0
-        inj = [f"w{w} {cells[f'inject_w{w}@k{k}']['f1']:.3f}" for w in result["settings"]["ws"]]
-        inj += [
-            f"{mode} {cells[f'{mode}@k{k}']['f1']:.3f}"
-            for mode in result["settings"].get("reference", ())
+    for k in settings["ks"]:
+        names = modes(settings["ws"], settings.get("reference", ()), settings.get("rs", [0]), k)
+        shown = [
+            f"{_short(mode)} {cells[f'{mode}@k{k}']['f1'] or 0.0:.3f}"
+            for mode in names
+            if f"{mode}@k{k}" in cells
         ]
-        parts.append(f"k={k}: prompt {base:.3f}, " + ", ".join(inj))
+        parts.append(f"k={k}: " + ", ".join(shown))
     return f"{result['scores']['questions']} questions, F1 — " + "; ".join(parts)
 
 
+def _short(mode: str) -> str:
+    """``inject_w20a_r2`` -> ``w20a r2``; other modes as they are."""
+    return mode.removeprefix("inject_").replace("_", " ")
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
-    """F1 per k and mode (left) and mean KL per answer token (right)."""
+    """F1 per k and mode (left) and mean KL per answer token (right); for a run with r > 0
+    cells (an ``--r`` sweep), F1 and KL against r instead, one line per window and k."""
     settings, cells = result["settings"], result["scores"]["cells"]
     fig, (left, right) = figure(10, 4.2, ncols=2)
-    ks, names = settings["ks"], modes(settings["ws"], settings.get("reference", ()))
-    width = 0.8 / len(names)
-    for i, mode in enumerate(names):
-        xs = [j + i * width for j in range(len(ks))]
-        left.bar(xs, [cells[f"{mode}@k{k}"]["f1"] or 0 for k in ks], width, label=mode)
-        if mode != "prompt":
-            kl = [cells[f"{mode}@k{k}"].get("kl_mean_per_token") or 0 for k in ks]
-            right.bar(xs, kl, width, label=mode, color=f"C{i}")
-    for ax in (left, right):
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(ks))], [f"k={k}" for k in ks])
-        ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize=8)
+    if any(r > 0 for r in settings.get("rs", [0])):
+        _plot_sweep(settings, cells, left, right)
+    else:
+        _plot_bars(settings, cells, left, right)
     left.set_ylabel("LoCoMo token F1 (categories 1-4)")
     left.set_title(f"{result['scores']['questions']} questions — {result['model']}")
     right.set_ylabel("mean KL(prompt ‖ injection) per answer token, nats")
     right.set_title(f"Next-token distributions (top-{settings['logprobs']} logprobs)")
     fig.text(0.01, 0.005, footnote(result), fontsize=6, alpha=0.7)
     save_figure(fig, path)
+
+
+def _plot_bars(settings: dict[str, Any], cells: dict[str, Any], left: Any, right: Any) -> None:
+    ks, names = settings["ks"], modes(settings["ws"], settings.get("reference", ()))
+    width = 0.8 / len(names)
+    for i, mode in enumerate(names):
+        xs = [j + i * width for j in range(len(ks))]
+        shown = [cells.get(f"{mode}@k{k}", {}) for k in ks]
+        left.bar(xs, [cell.get("f1") or 0 for cell in shown], width, label=mode)
+        if mode != "prompt":
+            kl = [cell.get("kl_mean_per_token") or 0 for cell in shown]
+            right.bar(xs, kl, width, label=mode, color=f"C{i}")
+    for ax in (left, right):
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(ks))], [f"k={k}" for k in ks])
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+
+
+def _plot_sweep(settings: dict[str, Any], cells: dict[str, Any], left: Any, right: Any) -> None:
+    """One colour per k, one line style per window; prompt injection's F1 (and a reference
+    mode's KL) as a flat dotted line in the colour of its k."""
+    styles = ["-", "--", "-."]  # dotted: the flat lines
+    plotted: set[int] = set()
+    for c, k in enumerate(settings["ks"]):
+        for s, spec in enumerate(settings["ws"]):
+            points = [
+                (r, cells[f"{inject_mode(spec, r)}@k{k}"])
+                for r in settings.get("rs", [0])
+                if f"{inject_mode(spec, r)}@k{k}" in cells
+            ]
+            if not points:
+                continue
+            rs = [r for r, _ in points]
+            plotted.update(rs)
+            style = dict(color=f"C{c}", linestyle=styles[s % len(styles)], marker="o")
+            label = f"w{spec}, k={k}"
+            left.plot(rs, [cell.get("f1") or 0 for _, cell in points], **style, label=label)
+            kl = [cell.get("kl_mean_per_token") or 0 for _, cell in points]
+            right.plot(rs, kl, **style, label=label)
+        prompt = cells.get(f"prompt@k{k}", {}).get("f1")
+        if prompt is not None:
+            left.axhline(prompt, color=f"C{c}", linestyle=":", alpha=0.6, label=f"prompt, k={k}")
+        for mode in settings.get("reference", ()):
+            kl = cells.get(f"{mode}@k{k}", {}).get("kl_mean_per_token")
+            if kl is not None:
+                right.axhline(kl, color=f"C{c}", linestyle=":", alpha=0.6, label=f"{mode}, k={k}")
+    for ax in (left, right):
+        ax.set_xticks(sorted(plotted))
+        ax.set_xlabel("r, best facts prefilled instead of injected (r = k: prompt injection)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=6, ncol=2)

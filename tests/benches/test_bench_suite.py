@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from datetime import date
 
 import pytest
 import torch
@@ -148,9 +149,10 @@ def test_locomo_smoke_answers_scores_rescores_and_judges(runtime, tmp_path):
         assert cells[cell]["top1_agreement"] == 1.0
         assert cells[cell]["kl_mean_per_token"] < 1e-3
     assert locomo.score(saved) == saved["scores"]  # re-scoring a saved run gives the same
-    # A run saved before reference modes existed resumes (nothing left to answer).
+    # A run saved before reference modes and tail recompute existed resumes (nothing to answer).
     old = json.loads(path.read_text())
-    del old["settings"]["reference"]
+    assert old["settings"]["rs"] == [0]
+    del old["settings"]["reference"], old["settings"]["rs"]
     for q in old["questions"]:
         q["answers"] = {c: a for c, a in q["answers"].items() if not c.startswith("reorder")}
     resumed = locomo.run_locomo(runtime.builder, runtime.engine, DATA, **settings, resume=old)
@@ -204,6 +206,68 @@ def test_locomo_smoke_answers_scores_rescores_and_judges(runtime, tmp_path):
         locomo.run_locomo(
             runtime.builder, runtime.engine, DATA, sample=2, ks=[3], retrieval=hits_file
         )
+
+
+def test_locomo_tail_recompute_cells_are_scored_against_prompt_injection(runtime, tmp_path):
+    """``rs=[0, 1]``: an ``inject_w0_r1`` cell wherever r < k, with KL against ``prompt@k``.
+
+    At k=2 with w=0 the hybrid is exact: the injected fact follows the prefix alone, as in
+    the prompt, and the recomputed one is prefilled after it, as in the prompt.
+    """
+    path = tmp_path / "locomo-r.json"
+    result = locomo.run_locomo(
+        runtime.builder,
+        runtime.engine,
+        DATA,
+        sample=2,
+        ks=[1, 2],
+        ws=[0],
+        rs=[1, 0],
+        max_tokens=4,
+        json_path=path,
+    )
+    assert result["settings"]["rs"] == [0, 1]
+    cells = result["scores"]["cells"]
+    assert list(cells) == [
+        "prompt@k1", "inject_w0@k1", "prompt@k2", "inject_w0@k2", "inject_w0_r1@k2",
+    ]  # fmt: skip
+    hybrid, plain = cells["inject_w0_r1@k2"], cells["inject_w0@k2"]
+    assert hybrid["n"] == 2 and hybrid["kl_tokens"] > 0
+    assert hybrid["top1_agreement"] == 1.0 and hybrid["kl_mean_per_token"] < 1e-3
+    # The recomputed fact is prefilled instead of loaded.
+    assert 0 < hybrid["injected_tokens_median"] < plain["injected_tokens_median"]
+    assert plain["computed_tokens_median"] < hybrid["computed_tokens_median"]
+    for q in result["questions"]:
+        answer = q["answers"]["inject_w0_r1@k2"]
+        assert len(answer["kl"]["per_token"]) == q["answers"]["prompt@k2"]["tokens"]
+    assert locomo.score(json.loads(path.read_text())) == result["scores"]
+    assert "w0 r1" in locomo.headline(result)
+    locomo.plot(result, tmp_path / "locomo-r.png")  # the sweep's layout: F1 and KL against r
+
+
+def test_build_with_every_fact_recomputed_is_prompt_injection(runtime):
+    """``recompute=len(facts)`` gives prompt injection's ids, nothing but the prefix injected;
+    a partial recompute keeps the ids and drops the tail's entries."""
+    from inferscale_core.prompt_builder import MemoryFact
+
+    builder = runtime.builder
+    facts = [
+        MemoryFact("Nadia baked a lemon cake for her sister.", date(2023, 5, 8)),
+        MemoryFact("Tomas adopted a beagle mix from the shelter."),
+        MemoryFact("Nadia runs the city marathon every October.", date(2023, 10, 1)),
+    ]
+    question = "What did Nadia bake?"
+    whole = builder.build(facts, question, recompute=len(facts))
+    assert whole.prompt_ids == builder.prompt_injection_ids(facts, question)
+    assert [e.key for e in whole.entries] == [builder.prefix_key] and whole.fact_keys == []
+    plain = builder.build(facts, question)
+    tail = builder.build(facts, question, recompute=1)
+    assert tail.prompt_ids == plain.prompt_ids
+    assert tail.entries == plain.entries[:-1] and tail.fact_keys == plain.fact_keys[:2]
+    # same ids, other KV past the span: the prefix cache must keep them apart
+    assert len({plain.cache_salt, tail.cache_salt, whole.cache_salt}) == 3
+    result = runtime.engine.generate(tail, max_tokens=1)  # after plain was never sent: loads
+    assert result.injected_tokens == tail.span_end and result.refused is None
 
 
 def test_retrieval_smoke_exact_on_the_cpu_cagra_skipped(tmp_path):
