@@ -13,6 +13,7 @@ from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 from app.tui.widgets.status import StatusBar
 from inferscale_core.config import EXTRACTORS, AppConfig, ConfigError, save
 from inferscale_core.context_window import ANCHORED, WINDOWS
+from inferscale_core.generation import EMBEDDED
 
 #: Settings that only take effect when the assistant starts again (k applies at once).
 RESTART_KEYS = (
@@ -107,7 +108,12 @@ class SettingsScreen(Screen):
             for name, label in FIELDS:
                 value = getattr(self.config, name)
                 yield Label(label, classes="field-label")
-                yield Input("" if value is None else str(value), id=f"set-{name}", compact=True)
+                yield Input(
+                    "" if value is None else str(value),
+                    placeholder=self._default_of(name),
+                    id=f"set-{name}",
+                    compact=True,
+                )
             for name, label, options in CHOICES:
                 yield Label(label, classes="field-label")
                 yield Select(
@@ -127,6 +133,15 @@ class SettingsScreen(Screen):
 
     def on_mount(self) -> None:
         self.query_one("#set-model").focus()
+
+    def _default_of(self, name: str) -> str:
+        """What an empty optional field means: the embedded model's value (another model's
+        comes from its folder at start-up)."""
+        if name not in OPTIONAL:
+            return ""
+        if self.config.model is not None:
+            return "the model's default"
+        return f"{getattr(EMBEDDED, name)} (the embedded SmolLM2's default)"
 
     async def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
