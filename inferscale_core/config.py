@@ -21,7 +21,7 @@ Example file::
     repetition_penalty = 1.1  # (likewise; 1 = none)
     max_tokens = 512    # reply length limit, in tokens
     history_tokens = 1024  # recent turns kept in the prompt, in tokens
-    recompute = 0       # the best hits prefilled with the question, not injected
+    recompute = 4       # the best hits prefilled with the question, not injected
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ class AppConfig:
     repetition_penalty: float | None = None
     max_tokens: int = 512  # reply length limit
     history_tokens: int = 1024  # recent turns kept in the prompt, at most this many tokens
-    recompute: int = 0  # the best hits prefilled with the question, not injected (issue 22)
+    # The best hits prefilled with the question (after the injected ones), not injected: at
+    # k=20 on LoCoMo, r=4 cuts next-token KL against prompt injection by 56% for 1.22x TTFT.
+    recompute: int = 4
 
     def __post_init__(self) -> None:
         if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()):

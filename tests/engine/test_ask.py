@@ -22,15 +22,18 @@ TOLD = "My sister Ines moved to Lisbon in March 2024."
 ASKED = "Where does my sister live?"
 
 
-def _ask(runtime, question: str, *facts: str, **options) -> tuple[int, dict | None, str]:
-    """``ask --json`` in-process: (exit code, its JSON report, what it wrote to stderr)."""
+def _ask(
+    runtime, question: str, *facts: str, config: AppConfig | None = None, **options
+) -> tuple[int, dict | None, str]:
+    """``ask --json`` in-process: (exit code, its JSON report, what it wrote to stderr). The
+    config's r is 0 unless given: every hit is then injected, the path these tests follow."""
     options = {"max_tokens": 12, "as_json": True, **options}
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out):
         code = run_ask(
             question,
             [(fact, None) for fact in facts],
-            config=AppConfig(),
+            config=config or AppConfig(recompute=0),
             options=AskOptions(**options),
             console=Console(file=err, width=100),
             assistant=runtime,
@@ -74,6 +77,10 @@ def test_a_fact_told_to_ask_is_injected_into_the_next_ask(runtime, told):
     with FactLog.open(paths.memory_db()) as log:
         shell = [c for c in log.conversations(log.profile("default")) if c.source == SHELL]
         assert [(c.title, c.turns) for c in shell] == [(SHELL, 4)]
+    # the default r=4: the best hits go in as text after the injected ones, with the question
+    code, report, err = _ask(runtime, ASKED, config=AppConfig(), log=False)
+    assert code == 0, err
+    assert [f["how"] for f in report["facts"] if "Lisbon" in f["text"]] == ["recomputed"]
 
 
 def test_no_log_uses_the_memory_and_leaves_the_log_unchanged(runtime, told):
