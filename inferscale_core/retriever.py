@@ -1,4 +1,9 @@
-"""Question -> the facts to inject: embedding search over one profile's active facts.
+"""Question -> the facts to inject: dense and keyword search over one profile's active facts.
+
+By default a search fuses two rankings by reciprocal-rank fusion (RRF): the embedding
+(cosine) ranking of the profile's vector index and the BM25 ranking of the fact log's full-text
+index (:meth:`FactLog.keyword_search`). Each list is taken to ``CANDIDATES * k`` and a fact
+scores ``sum(1 / (RRF_K + rank))`` over the lists it is in. Either ranking alone is a ``mode``.
 
 Each profile has its own vector index, so a search can only ever see that profile's facts. An
 index is built on the profile's first use from the embeddings stored in the fact log
@@ -32,6 +37,13 @@ logger = logging.getLogger(__name__)
 
 Order = Literal["best_last", "best_first", "chronological"]
 ORDERS: tuple[str, ...] = ("best_last", "best_first", "chronological")
+Mode = Literal["hybrid", "dense", "keyword"]
+MODES: tuple[str, ...] = ("hybrid", "dense", "keyword")
+
+RRF_K = 60
+"""Reciprocal-rank fusion's constant (Cormack et al. 2009): rank r in a list adds 1/(RRF_K + r)."""
+CANDIDATES = 4
+"""Each ranking is taken to ``CANDIDATES * k`` facts before fusion."""
 
 
 class IndexFactory(Protocol):
@@ -98,20 +110,36 @@ class Retriever:
     # -- reads ------------------------------------------------------------------------------
 
     def search(
-        self, profile_id: int, question: str, k: int = 8, order: Order = "best_last"
+        self,
+        profile_id: int,
+        question: str,
+        k: int = 8,
+        order: Order = "best_last",
+        mode: Mode = "dense",
     ) -> list[Hit]:
-        """The ``k`` active facts of the profile most similar to ``question``.
+        """The ``k`` active facts of the profile that best answer ``question``.
 
         ``order`` is the order to inject them in: "best_last" (the default: the best hit last,
         nearest the question), "best_first", or "chronological" (facts without a date first,
         then by ``refers_to``, then by id). ``Hit.rank`` is 1 for the best hit in every order.
+
+        ``mode`` is the ranking: "dense" (the default until the LoCoMo recall bench of issue 23
+        chooses; ``Hit.score`` = cosine similarity), "hybrid" (dense and BM25 fused by RRF;
+        ``Hit.score`` is the fused score over its maximum, so 1.0 = first in both lists) or
+        "keyword" (BM25, made positive).
         """
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if k <= 0:
             return []
-        query = self.embedder.embed([question])  # [1, dim]
-        hits = self._search(profile_id, query, k)
+        if mode == "keyword":
+            hits = self._hits(profile_id, self.log.keyword_search(profile_id, question, k), k)
+        elif mode == "dense":
+            hits = self._search(profile_id, self.embedder.embed([question]), k)  # [1, dim] query
+        else:
+            hits = self._hybrid(profile_id, question, k)
         if order == "best_last":
             hits.reverse()
         elif order == "chronological":
@@ -142,6 +170,37 @@ class Retriever:
                 break
         hits = [(facts[fid], score) for fid, score in found if fid in facts]
         return [Hit(fact, score, rank) for rank, (fact, score) in enumerate(hits, start=1)]
+
+    def _hybrid(self, profile_id: int, question: str, k: int) -> list[Hit]:
+        """Best first: the dense and BM25 rankings, each ``CANDIDATES * k`` long, fused by RRF
+        (ties: the better dense rank, then the lower id). The dense list is already checked
+        against the log by :meth:`_search`; the keyword-only facts are re-read here."""
+        n = CANDIDATES * k
+        dense = self._search(profile_id, self.embedder.embed([question]), n)  # [1, dim] query
+        keyword = self.log.keyword_search(profile_id, question, n)
+        fused: dict[int, float] = {}
+        for rank, hit in enumerate(dense, start=1):
+            fused[hit.fact.id] = 1 / (RRF_K + rank)
+        for rank, (fid, _) in enumerate(keyword, start=1):
+            fused[fid] = fused.get(fid, 0.0) + 1 / (RRF_K + rank)
+        dense_rank = {hit.fact.id: hit.rank for hit in dense}
+        best = sorted(fused, key=lambda fid: (-fused[fid], dense_rank.get(fid, n + 1), fid))
+        checked = {hit.fact.id: hit.fact for hit in dense}
+        top = 2 / (RRF_K + 1)  # the score of a fact first in both lists
+        hits: list[Hit] = []
+        for fid in best:
+            fact = checked.get(fid) or self._active_facts(profile_id, [fid]).get(fid)
+            if fact is not None:
+                hits.append(Hit(fact, fused[fid] / top, len(hits) + 1))
+                if len(hits) == k:
+                    break
+        return hits
+
+    def _hits(self, profile_id: int, ranked: list[tuple[int, float]], k: int) -> list[Hit]:
+        """``(fact id, score)`` best first -> the first ``k`` still active in the log, as hits."""
+        facts = self._active_facts(profile_id, [fid for fid, _ in ranked])
+        kept = [(facts[fid], score) for fid, score in ranked if fid in facts][:k]
+        return [Hit(fact, score, rank) for rank, (fact, score) in enumerate(kept, start=1)]
 
     def _active_facts(self, profile_id: int, ids: list[int]) -> dict[int, Fact]:
         """``{id: Fact}`` of the ids that are active facts of the profile, read from the log."""

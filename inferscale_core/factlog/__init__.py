@@ -14,6 +14,7 @@ tables), each a mixin of :class:`FactLog` over the shared connection of
 * ``conversations``: ``profiles``, ``conversations``, ``turns``;
 * ``facts``: ``facts`` (each change writes its ``audit`` row); ``audit``: reading the trail;
 * ``kv_index``: ``kv_entries``; ``embeddings``: ``fact_embeddings``;
+* ``fulltext``: ``facts_fts``, the BM25 keyword index of the active facts (kept by triggers);
 * ``imports``: ``imports``; ``extraction``: ``extraction_cursor``;
 * ``replies``: ``reply_details`` and ``reply_memories`` (what each assistant turn used);
 * ``migrations``: the schema.
@@ -26,19 +27,22 @@ Decisions:
   user's local day matters for dates facts refer to), a naive one stays naive (zone unknown).
   Turns are ordered by ``idx``, never by timestamp. ``facts.refers_to`` is ``YYYY-MM-DD``.
 * Forgetting: a forgotten fact's ``text`` becomes "", its ``kv_entries`` and
-  ``fact_embeddings`` rows are deleted, and its text is blanked in the stored details of the
-  replies that used it (``reply_memories``), in the same transaction (the caller deletes the
-  tensors under the returned keys). It is never returned by :meth:`FactLog.active_facts`,
-  :meth:`FactLog.facts_without_kv` or :meth:`FactLog.embeddings`, and :meth:`FactLog.record_kv`
+  ``fact_embeddings`` rows are deleted, its ``facts_fts`` entry too (by trigger), and its text
+  is blanked in the stored details of the replies that used it (``reply_memories``), in the
+  same transaction (the caller deletes the tensors under the returned keys). It is never
+  returned by :meth:`FactLog.active_facts`, :meth:`FactLog.facts_without_kv`,
+  :meth:`FactLog.embeddings` or :meth:`FactLog.keyword_search`, and :meth:`FactLog.record_kv`
   and :meth:`FactLog.store_embedding` refuse it. Trade-off: the text survives in the audit trail
   (``old_text`` of the 'forget' row and ``new_text`` of the earlier 'add'/'update' rows), in
   superseded earlier versions, and in the turns it was extracted from (or that quote it,
   replies included), so the memory browser
-  can show what was forgotten and why; it is not an erasure. ``text_hash`` is kept as a
-  tombstone so that re-running extraction over the old turns does not bring the fact back
-  (:meth:`FactLog.add_fact` returns the forgotten id with ``created=False`` unless
-  ``allow_forgotten=True``). ``PRAGMA secure_delete`` is on for files, so overwritten text is
-  zeroed in the database pages, though copies can linger in the WAL until a checkpoint.
+  can show what was forgotten and why; it is not an erasure (FTS5 also records a deletion as
+  a marker, so its words linger in the index's older segments until they are merged). The
+  ``text_hash`` is kept as a tombstone so that re-running extraction over the old turns does
+  not bring the fact back (:meth:`FactLog.add_fact` returns the forgotten id with
+  ``created=False`` unless ``allow_forgotten=True``). ``PRAGMA secure_delete`` is on for files,
+  so overwritten text is zeroed in the database pages, though copies can linger in the WAL
+  until a checkpoint.
 * The file is created 0600 (and tightened with a warning if it was looser), WAL mode,
   ``synchronous=NORMAL`` (a committed transaction survives a process crash; only an OS crash
   or power loss may lose the last ones), foreign keys on.
@@ -60,6 +64,7 @@ from inferscale_core.factlog.conversations import ConversationsMixin
 from inferscale_core.factlog.embeddings import EmbeddingsMixin
 from inferscale_core.factlog.extraction import ExtractionCursorMixin
 from inferscale_core.factlog.facts import FactsMixin
+from inferscale_core.factlog.fulltext import FullTextMixin
 from inferscale_core.factlog.imports import ImportsMixin
 from inferscale_core.factlog.kv_index import KVIndexMixin
 from inferscale_core.factlog.replies import ReplyDetailsMixin
@@ -79,6 +84,7 @@ class FactLog(
     AuditMixin,
     KVIndexMixin,
     EmbeddingsMixin,
+    FullTextMixin,
     ExtractionCursorMixin,
     ImportsMixin,
     ReplyDetailsMixin,

@@ -261,6 +261,59 @@ def m010_reply_details(db: Database) -> None:
     db.execute("CREATE INDEX idx_reply_memories_fact ON reply_memories (fact_id)")
 
 
+@migrations()
+def m011_facts_fts(db: Database) -> None:
+    # The keyword (BM25) index of the active facts: an FTS5 table over facts.text (external
+    # content, so the text is not stored twice; rowid = fact id). Only active facts are in it:
+    # triggers index a fact when it becomes active and unindex it when it stops being one
+    # (superseded, retired, forgotten, deleted), inside the statement that changes it, so in
+    # that statement's transaction. An external-content 'delete' must be given exactly the
+    # indexed text, which old.text is. Per profile by joining facts (see fulltext.py); the
+    # facts already there are indexed here. The tokenizer is part of the index: changing it
+    # needs a migration that rebuilds it. Stemming (porter) is English.
+    db.execute(
+        """
+        CREATE VIRTUAL TABLE facts_fts USING fts5(
+            text,
+            content = 'facts',
+            content_rowid = 'id',
+            tokenize = 'porter unicode61 remove_diacritics 2'
+        )
+        """
+    )
+    db.execute(
+        """
+        CREATE TRIGGER facts_fts_insert AFTER INSERT ON facts WHEN new.status = 'active'
+        BEGIN
+            INSERT INTO facts_fts (rowid, text) VALUES (new.id, new.text);
+        END
+        """
+    )
+    # One trigger, two statements in order: unindex the old row, then index the new one.
+    db.execute(
+        """
+        CREATE TRIGGER facts_fts_update AFTER UPDATE OF status, text ON facts
+        BEGIN
+            INSERT INTO facts_fts (facts_fts, rowid, text)
+                SELECT 'delete', old.id, old.text WHERE old.status = 'active';
+            INSERT INTO facts_fts (rowid, text)
+                SELECT new.id, new.text WHERE new.status = 'active';
+        END
+        """
+    )
+    db.execute(
+        """
+        CREATE TRIGGER facts_fts_delete AFTER DELETE ON facts WHEN old.status = 'active'
+        BEGIN
+            INSERT INTO facts_fts (facts_fts, rowid, text) VALUES ('delete', old.id, old.text);
+        END
+        """
+    )
+    db.execute(
+        "INSERT INTO facts_fts (rowid, text) SELECT id, text FROM facts WHERE status = 'active'"
+    )
+
+
 def migrate(db: Database) -> None:
     """Apply every pending migration; a no-op when the schema is current.
 

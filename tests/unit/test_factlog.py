@@ -155,6 +155,7 @@ def test_migrations_create_the_schema_and_reapply_as_a_no_op():
         "m008_imports",
         "m009_extraction_cursor",
         "m010_reply_details",
+        "m011_facts_fts",
     ]
     assert db["kv_entries"].pks == ["fact_id", "model_fingerprint", "w", "encoder_version"]
     assert db["fact_embeddings"].pks == ["fact_id", "model"]
@@ -174,7 +175,8 @@ def test_migrations_create_the_schema_and_reapply_as_a_no_op():
 def test_every_table_has_the_expected_columns():
     db = Database(memory=True)
     migrate(db)
-    assert set(db.table_names()) == {*EXPECTED_COLUMNS, "_sqlite_migrations"}
+    fts = {f"facts_fts{part}" for part in ("", "_data", "_idx", "_docsize", "_config")}
+    assert set(db.table_names()) == {*EXPECTED_COLUMNS, "_sqlite_migrations", *fts}
     for table, columns in EXPECTED_COLUMNS.items():
         assert db[table].columns_dict == columns, table
 

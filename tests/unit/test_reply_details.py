@@ -185,7 +185,7 @@ def test_an_existing_database_upgrades_and_keeps_its_data(tmp_path):
     old.close()
 
     with FactLog.open(path) as log:
-        assert [m.name for m in migrations.applied(log.db)][-1] == "m010_reply_details"
+        assert "m010_reply_details" in [m.name for m in migrations.applied(log.db)]
         assert migrations.pending(log.db) == []
         turns = log.conversation_turns(7)
         assert [t.text for _, t in turns] == ["Hi", "Hello!"]

@@ -1,0 +1,182 @@
+"""Hybrid retrieval: the fact log's full-text (BM25) index fused with the dense ranking.
+
+Over real fact-log files and the real MiniLM embedder: the keyword index follows every add,
+edit and forget in the same transaction, an old database upgrades with its facts indexed, no
+input makes an FTS5 syntax error, and fusion finds by a rare word a fact dense ranks low.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from sqlite_utils import Database
+
+from inferscale_core.embedder import SentenceTransformerEmbedder
+from inferscale_core.factlog import FactLog
+from inferscale_core.factlog.fulltext import fts_query
+from inferscale_core.factlog.migrations import migrations
+from inferscale_core.retriever import MODES, Retriever
+from tests.unit.test_retriever import FACTS, add_facts, pin_questions
+
+NOW = "2025-01-02T03:04:05.000006+00:00"
+NASTY = [
+    "", " ", '"', '""', "'", "(", ")", "((", "a)", "AND", "OR", "NOT", "NEAR", "AND OR NOT",
+    "*", "cat*", "^cat", "text:cat", "-cat", "+cat", "{text}: cat", "NEAR(cat miso, 2)",
+    '"unterminated', "cat AND (", "\x00", "\\", "%_", "💥🐈", "日本語を勉強しています",
+    "ÉLAN naïve café", "İstanbul", "ﬁsh ²", "x" * 5000, "what is my...?", "don't",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def minilm() -> SentenceTransformerEmbedder:
+    return SentenceTransformerEmbedder()
+
+
+def keyword_ids(log: FactLog, profile_id: int, query: str) -> set[int]:
+    return {fid for fid, _ in log.keyword_search(profile_id, query, 1000)}
+
+
+def test_fts_query_quotes_words_and_drops_stop_words():
+    assert fts_query("What is my cat's NAME?") == '"cat" OR "name"'
+    assert fts_query('cat AND "miso" (NEAR) *') == '"cat" OR "miso" OR "near"'
+    assert fts_query("Café  café CAFÉ") == '"café"'
+    assert fts_query("the and of (") == ""
+    assert fts_query(" ".join(f"w{i}" for i in range(100))).count(" OR ") == 31
+
+
+def test_the_sanitizer_never_raises(log):
+    p = log.profile()
+    ids = add_facts(log, p, FACTS)
+    rng = random.Random(23)
+    pool = list("\"'()*^:+-{}[],.;!?\\%_ \t\nabcXYZ09éñ日本💥") + ["AND", "OR", "NOT", "NEAR"]
+    fuzz = ["".join(rng.choice(pool) for _ in range(rng.randint(1, 40))) for _ in range(500)]
+    active = set(ids.values())
+    for query in [*NASTY, *fuzz]:
+        for fid, score in log.keyword_search(p, query, 5):
+            assert fid in active and score > 0
+    assert log.keyword_search(p, "", 5) == [] and log.keyword_search(p, "cat", 0) == []
+
+
+def test_the_index_follows_add_edit_forget_and_retire(log):
+    p, other = log.profile(), log.profile("other")
+    ids = add_facts(log, p, FACTS)
+    theirs, _ = log.add_fact(other, "My cat is called Pixel")
+    assert keyword_ids(log, p, "cat") == {ids["cat"]}  # never another profile's
+    assert keyword_ids(log, other, "cat") == {theirs}
+    assert keyword_ids(log, p, "Lisbon sister") == {ids["sister"]}
+    assert keyword_ids(log, p, "trained") == {ids["marathon"]}  # porter: training ~ trained
+
+    new = log.update_fact(ids["move"], "I moved to Denver in 2024", cause="moved again")
+    assert keyword_ids(log, p, "Seattle") == set() and keyword_ids(log, p, "Denver") == {new}
+    assert keyword_ids(log, p, "moved") == {new}
+    log.delete_fact(ids["car"], cause="sold it")
+    assert keyword_ids(log, p, "Toyota") == set()
+    log.forget_fact(ids["cat"], cause="asked to")
+    assert keyword_ids(log, p, "Miso cat called") == set()
+    log.forget_fact(new, cause="asked to")  # forgetting a replaced fact's successor
+    assert keyword_ids(log, p, "Denver moved") == set()
+
+    # a forget rolled back with its transaction leaves the fact indexed
+    with pytest.raises(RuntimeError), log.transaction():
+        log.forget_fact(ids["coffee"], cause="asked to")
+        assert keyword_ids(log, p, "coffee") == set()
+        raise RuntimeError("the caller failed after the forget")
+    assert keyword_ids(log, p, "coffee") == {ids["coffee"]}
+    # the index holds exactly the active facts
+    indexed = {r[0] for r in log.db.execute("SELECT id FROM facts_fts_docsize")}  # its rows
+    active = {r[0] for r in log.db.execute("SELECT id FROM facts WHERE status = 'active'")}
+    assert indexed == active
+    log.db.execute("INSERT INTO facts_fts (facts_fts) VALUES ('integrity-check')")
+
+
+def test_an_old_database_upgrades_with_its_facts_indexed(tmp_path, minilm):
+    """A file written by the previous schema (m001..m010) gets its active facts indexed."""
+    path = tmp_path / "memory.db"
+    path.touch(mode=0o600)  # as FactLog.open made it
+    old = Database(path)
+    migrations.apply(old, stop_before="m011_facts_fts")
+    old.execute("INSERT INTO profiles (id, name, created_at) VALUES (1, 'default', 'x')")
+    rows = [
+        (1, FACTS["cello"], "active"),
+        (2, FACTS["allergy"], "active"),
+        (3, FACTS["move"], "superseded"),
+        (4, "", "forgotten"),
+    ]
+    for fid, text, status in rows:
+        old.execute(
+            "INSERT INTO facts (id, profile_id, text, text_hash, status, created_at, updated_at)"
+            " VALUES (?, 1, ?, ?, ?, ?, ?)",
+            (fid, text, f"h{fid}", status, NOW, NOW),
+        )
+    old.conn.commit()
+    assert "facts_fts" not in old.table_names()
+    old.close()
+
+    with FactLog.open(path) as log:
+        assert [m.name for m in migrations.applied(log.db)][-1] == "m011_facts_fts"
+        assert keyword_ids(log, 1, "cello orchestra") == {1}
+        assert keyword_ids(log, 1, "Seattle") == set()  # superseded: not indexed
+        hits = Retriever(log, minilm).search(1, "peanuts", k=1, mode="keyword")
+        assert hits[0].fact.id == 2
+        log.forget_fact(2, cause="asked to")  # the triggers work on an upgraded file
+        assert keyword_ids(log, 1, "peanuts allergic") == set()
+        log.db.execute("INSERT INTO facts_fts (facts_fts) VALUES ('integrity-check')")
+
+
+def test_forgotten_and_edited_facts_never_come_back(log, minilm):
+    p = log.profile()
+    ids = add_facts(log, p, FACTS)
+    pin, _ = log.add_fact(p, "My bank card PIN is 4821")
+    retriever = Retriever(log, minilm)
+    questions = pin_questions()[:100] + ["4821", "PIN 4821", "bank card PIN"]
+    assert all(pin in {h.fact.id for h in retriever.search(p, q, 3)} for q in questions[-3:])
+    log.forget_fact(pin, cause="user forgot it")  # the dense index is stale now
+    for question in questions:
+        assert pin not in keyword_ids(log, p, question)
+        for mode in MODES:
+            assert pin not in {h.fact.id for h in retriever.search(p, question, 5, mode=mode)}
+
+    new = log.update_fact(ids["cello"], "I play the viola in a string quartet", cause="switched")
+    retriever.add(log.get_fact(new))  # the old one stays in the dense index: stale
+    for question in [f"{q} cello orchestra" for q in pin_questions()[:100]]:
+        for mode in MODES:
+            got = {h.fact.id for h in retriever.search(p, question, 5, mode=mode)}
+            assert ids["cello"] not in got
+    assert retriever.search(p, "viola", k=1, mode="keyword")[0].fact.id == new
+
+
+FILLER = [
+    f"{who} {what}"
+    for who in ("My neighbour", "My colleague", "My cousin", "My friend", "My landlord")
+    for what in (
+        "fixed the boiler in our flat",
+        "helped me repair the heating",
+        "recommended a plumber for the leaking pipe",
+        "came by to look at the broken radiator",
+        "lent me tools to fix the sink",
+        "said the water heater needs a new part",
+    )
+]
+
+
+def test_hybrid_finds_a_rare_word_that_dense_ranks_low(log, minilm):
+    p = log.profile()
+    add_facts(log, p, FACTS)
+    for text in FILLER:
+        log.add_fact(p, text)
+    target, _ = log.add_fact(p, "Quinlivan owes me 40 euros since the party")
+    retriever = Retriever(log, minilm)
+    question = "Did Quinlivan help with the boiler?"
+    dense = [h.fact.id for h in retriever.search(p, question, 100, "best_first", "dense")]
+    assert dense.index(target) + 1 > 3, "dense should rank it low for this test to mean anything"
+    hybrid = retriever.search(p, question, 3, "best_first", "hybrid")
+    assert target in [h.fact.id for h in hybrid]
+    assert [h.rank for h in hybrid] == [1, 2, 3]
+    assert all(0 < h.score <= 1 for h in hybrid)
+    assert [h.score for h in hybrid] == sorted((h.score for h in hybrid), reverse=True)
+    # every order keeps rank 1 = best
+    last = retriever.search(p, question, 3, mode="hybrid")
+    assert [h.fact.id for h in last] == [h.fact.id for h in reversed(hybrid)]
+    with pytest.raises(ValueError, match="mode"):
+        retriever.search(p, question, 5, mode="bm25")
