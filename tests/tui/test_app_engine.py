@@ -87,7 +87,7 @@ def _opener(runtime, db: Path, seed: list[str], gate: threading.Event | None = N
 def _app(runtime, tmp_path: Path, seed=SEED, gate=None) -> AssistantApp:
     db = tmp_path / "memory.db"
     return AssistantApp(
-        AppConfig(k=5, w=2),
+        AppConfig(k=5, w=2, recompute=0),  # r=0: every hit injected, what these tests look at
         _opener(runtime, db, seed, gate),
         db_path=db,
         config_path=tmp_path / "config.toml",
