@@ -37,9 +37,6 @@ if TYPE_CHECKING:
 SHELL = "shell"  # title, source and source id of the conversation `ask` logs into
 REMEMBER_TIMEOUT_S = 60.0
 EMPTY_QUESTION = "the question is empty: nothing to ask"
-# vLLM's refusals reach us as the engine driver's RequestFailed (app/ imports nothing from vLLM).
-_ENGINE_REFUSALS = {"RequestFailed", "VLLMValidationError"}
-_TOO_LONG = ("maximum model length", "maximum context length")  # vLLM's words for it
 
 
 @dataclass(slots=True)
@@ -118,10 +115,6 @@ def run_ask(
             answer = _ask_session(assistant, config, db_path, question, options, console)
     except TurnRejected as exc:
         return _refuse(console, str(exc))
-    except Exception as exc:
-        if not _is_engine_refusal(exc):
-            raise
-        return _refuse(console, str(exc))
     _print(answer, options.as_json, console)
     return 0
 
@@ -129,13 +122,6 @@ def run_ask(
 def _refuse(console: Console, message: str) -> int:
     console.print(f"[red]error:[/red] {escape(' '.join(message.split()))}", soft_wrap=True)
     return 2
-
-
-def _is_engine_refusal(exc: BaseException) -> bool:
-    """vLLM refused the request (e.g. a prompt longer than the model's context)."""
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    message = str(exc)
-    return bool(names & _ENGINE_REFUSALS) or any(words in message for words in _TOO_LONG)
 
 
 def _settings(assistant: wiring.Assistant, config: AppConfig, options: AskOptions) -> SessionConfig:
@@ -242,18 +228,35 @@ def _ask_with_facts(
     options: AskOptions,
     console: Console,
 ) -> Answer:
-    """Answer from ``facts`` alone (encoded here into the store, as ad-hoc memories)."""
+    """Answer from ``facts`` alone (encoded here into the store, as ad-hoc memories); a
+    question or memories that do not fit the context are refused, as the session does."""
+    from inferscale_core.composer import TurnRejected, fact_line
+    from inferscale_core.prompt_budget import fit_turn
     from inferscale_core.prompt_builder import MemoryFact
 
     builder, engine = assistant.builder, assistant.engine
+    settings = _settings(assistant, config, options)
     memory = [MemoryFact(text, when) for text, when in facts]
+    lengths = [len(builder.layout.fact_ids(fact_line(f.text, f.when))) for f in memory]
+    fit = fit_turn(
+        builder.layout,
+        question,
+        (),
+        lengths,
+        context=engine.max_model_len,
+        reply_tokens=settings.max_tokens,
+    )
+    if fit.dropped_memories:
+        raise TurnRejected(
+            f"the --fact memories ({sum(lengths):,} tokens) do not fit the model's context"
+            f" with the question and {settings.max_tokens} tokens for the reply"
+        )
     with console.status("encoding memories…"):
         entries = builder.encode_many(memory)
     if options.prompt_injection:
         prompt: Any = builder.prompt_injection_ids(memory, question)
     else:
         prompt = builder.compose(entries, question)
-    settings = _settings(assistant, config, options)
     result = engine.generate(
         prompt, max_tokens=settings.max_tokens, **settings.sampling.engine_kwargs()
     )

@@ -123,3 +123,5 @@ def test_a_question_longer_than_the_context_is_one_line(runtime, tmp_path, monke
     assert code == 2 and report is None
     assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
     assert "Traceback" not in err
+    code, report, err = _ask(runtime, question, "2024-03-01 I keep bees.", log=log)  # --fact
+    assert code == 2 and report is None and err.startswith("error: the message is "), err
