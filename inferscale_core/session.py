@@ -163,11 +163,10 @@ class Session:
         it is prefilled with the question, after every injected fact, and attends to them)."""
         entries, lines, used = [], [], []
         fingerprint = self.builder.fingerprint
-        best = {id(h) for h in sorted(hits, key=lambda h: h.rank)[: self.config.recompute]}
         for hit in hits:
             fact = hit.fact
             when = fact.refers_to.isoformat() if fact.refers_to else None
-            if id(hit) in best:
+            if hit.rank <= self.config.recompute:  # rank 1 = the best hit
                 lines.append(fact_line(fact.text, fact.refers_to))
                 used.append(InjectedFact(fact.id, fact.text, when, hit.score, "recomputed"))
                 continue
@@ -204,8 +203,8 @@ class Session:
             reply_tokens=self.config.max_tokens,
             history_tokens=self.config.history_tokens,
         )
-        kept = {id(h) for h in by_rank[: fit.memories]}  # the least relevant are left out
-        hits, history = [h for h in hits if id(h) in kept], fit.history
+        # the least relevant are left out (ranks stay 1..n: the recompute split relies on it)
+        hits, history = [h for h in hits if h.rank <= fit.memories], fit.history
         now = datetime.now(UTC)
         user_turn_id = (
             self.factlog.append_turn(conversation_id, Turn("user", text, now))
