@@ -26,7 +26,7 @@ from textual.screen import Screen
 from textual.worker import get_current_worker
 
 from app.startup import STEPS
-from app.tui.inbox import InboxWatching
+from app.tui.inbox import InboxWatching, one_line
 from app.tui.screens.chat import ChatScreen
 from app.tui.screens.dialogs import KeysDialog
 from app.tui.screens.import_screen import ImportScreen
@@ -114,7 +114,7 @@ class AssistantApp(InboxWatching, App[None]):
         try:
             future.result()
         except BaseException as exc:  # noqa: BLE001 - shown on screen
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            message = one_line(exc)
             self.call_from_thread(self._session_failed, message)
             return
         self.call_from_thread(self._session_ready)

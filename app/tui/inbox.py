@@ -60,10 +60,10 @@ class InboxEvent(Message):
     detail: str = ""
 
 
-def _why(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     """An exception as one short line for the user."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return text or type(exc).__name__
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def quarantine_reason(path: Path, reason: str | None) -> str:
@@ -135,13 +135,13 @@ class InboxWatching:
                 STABLE_SECONDS,
                 POLL_SECONDS,
                 on_result=lambda result: self._post_inbox(inbox, "result", result=result),
-                on_error=lambda path, exc: self._post_inbox(inbox, "error", path, _why(exc)),
+                on_error=lambda path, exc: self._post_inbox(inbox, "error", path, one_line(exc)),
                 on_progress=lambda event: self._inbox_progress(inbox, event),
             )
             try:
                 watcher.start()
             except Exception as exc:  # noqa: BLE001 - the app runs on; the status says why
-                self._post_inbox(inbox, "off", detail=_why(exc))
+                self._post_inbox(inbox, "off", detail=one_line(exc))
                 return
             self._watcher = watcher
         self._post_inbox(inbox, "watching")
