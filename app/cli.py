@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
-from app.commands import ask, bench, chat, doctor, imports, memory, models
+from app.commands import ask, bench, chat, doctor, imports, memory, models, serve
 
 DESCRIPTION = """\
 A private, local, long-term assistant. Memories are kept as pre-RoPE KV tensors and injected
@@ -33,6 +33,7 @@ examples:
   inferscale-assistant memory forget 12
   inferscale-assistant doctor
   inferscale-assistant models prepare
+  inferscale-assistant users add ana && inferscale-assistant serve --port 8000
 """
 
 
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         bench.register,
         doctor.register,
         models.register,
+        serve.register,
     ):
         register(sub)
     return parser

@@ -36,9 +36,17 @@ class MemoryFact:
 
 class PromptBuilder:
     def __init__(
-        self, layout: ChatLayout, encoder: Encoder, store: KVStore, batch_size: int = 16
+        self,
+        layout: ChatLayout,
+        encoder: Encoder,
+        store: KVStore,
+        batch_size: int = 16,
+        salt_scope: str = "",
     ) -> None:
         self.layout = layout
+        # In every cache salt this builder makes: a server gives each user a secret scope, so
+        # vLLM's prefix cache never shares a block between two users (serving).
+        self.salt_scope = salt_scope
         self.batch_size = batch_size
         self.encoder = encoder
         self.store = store
@@ -59,6 +67,16 @@ class PromptBuilder:
         salt = f"inferscale-encode/{EngineEncoder.version}/{store.fingerprint}"
         return cls(layout, EngineEncoder(engine, store, salt), store)
 
+    def scoped(self, scope: str) -> PromptBuilder:
+        """This builder for one user of a server: the same layout, store and engine, with
+        ``scope`` (a per-user secret) in the cache salt of its requests and encodings."""
+        encoder = self.encoder
+        if isinstance(encoder, EngineEncoder):
+            encoder = EngineEncoder(
+                encoder.engine, encoder.store, f"{encoder.cache_salt}/{scope}", encoder.timeout_s
+            )
+        return PromptBuilder(self.layout, encoder, self.store, self.batch_size, scope)
+
     @property
     def encoder_version(self) -> str:
         """What the fact log records as encoding a fact (entries of another are stale)."""
@@ -70,7 +88,8 @@ class PromptBuilder:
         token ids, other KV: without it the cache would serve one for the other)."""
         encoding = encoding_version(self.encoder.version, w, window)
         salt = f"inferscale/{encoding}/{self.fingerprint}/w{w}"
-        return f"{salt}/r{recompute}" if recompute else salt
+        salt = f"{salt}/r{recompute}" if recompute else salt
+        return f"{salt}/{self.salt_scope}" if self.salt_scope else salt
 
     def ensure_prefix(self) -> str:
         """Encode the system prefix once (it is exact: nothing precedes it)."""

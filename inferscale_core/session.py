@@ -12,9 +12,9 @@ from __future__ import annotations
 import queue
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
-from inferscale_core.composer import EmptyTurn, fact_line
+from inferscale_core.composer import ComposedPrompt, EmptyTurn, fact_line
 from inferscale_core.context_window import ANCHORED, encoding_version
 from inferscale_core.engine import Engine
 from inferscale_core.factlog import FactLog
@@ -26,6 +26,7 @@ from inferscale_core.prompt_builder import MemoryFact, PromptBuilder
 from inferscale_core.retriever import Retriever
 from inferscale_core.types import (
     Conversation,
+    Fact,
     GenerationResult,
     Hit,
     ReplyDetails,
@@ -91,6 +92,18 @@ class Reply:
         return [f.fact_id for f in self.facts if f.how == "injected"]
 
 
+@dataclass(slots=True)
+class PreparedTurn:
+    """A turn between :meth:`Session.prepare` and :meth:`Session.finish`."""
+
+    reply: Reply
+    injected_keys: list[str]  # the entry keys of the reply's "injected" facts, in order
+    prompt: ComposedPrompt | list[int] = field(default_factory=list)
+    cache_salt: str | None = None  # of a plain prompt (prompt injection) on a server
+    max_tokens: int = 512  # of the reply
+    sampling: Sampling = GREEDY
+
+
 class Session:
     def __init__(
         self,
@@ -126,6 +139,10 @@ class Session:
     # ---- called by the memory worker's thread ----
     def notify_changed(self, added: list[int], removed: list[int]) -> None:
         self._changes.put((added, removed))
+
+    def sync_changes(self) -> None:
+        """Bring the index up to date now (what :meth:`prepare` does first)."""
+        self._apply_changes()
 
     def _apply_changes(self) -> None:
         """Bring this thread's index up to date with what the memory worker extracted."""
@@ -188,36 +205,63 @@ class Session:
 
         Raises :class:`~inferscale_core.composer.TurnRejected` (empty, or too long for the
         model's context by itself) before anything is logged or sent."""
+        turn = self.prepare(conversation_id, text, log=log)
+        yield from self.generate(turn)
+        self.finish(turn)
+        yield "", turn.reply
+
+    # The three steps of ``ask``, for a server: ``prepare`` and ``finish`` use this session's
+    # fact log (one thread at a time); ``generate`` only the engine (any thread, concurrently).
+    def prepare(
+        self,
+        conversation_id: int | None,
+        text: str,
+        *,
+        log: bool = True,
+        history: list[tuple[str, str]] | None = None,
+        max_tokens: int | None = None,
+        sampling: Sampling | None = None,
+    ) -> PreparedTurn:
+        """Retrieve, fit and compose the request for ``text``; log the user's turn (``log``).
+        ``history``: ``(role, text)`` turns to use instead of the conversation's own;
+        ``max_tokens`` and ``sampling``: this reply's, instead of the session's."""
         if not text.strip():
             raise EmptyTurn()
         self._apply_changes()
         hits = self.retriever.search(self.profile_id, text, self.config.k) if self.config.k else []
         layout = self.builder.layout
         by_rank = sorted(hits, key=lambda h: h.rank)  # the best first (hits: prompt order)
+        if history is None:
+            history = self._history(conversation_id) if conversation_id is not None else []
         fit = fit_turn(
             layout,
             text,
-            self._history(conversation_id) if conversation_id is not None else [],
+            history,
             [len(layout.fact_ids(fact_line(h.fact.text, h.fact.refers_to))) for h in by_rank],
             context=self.engine.max_model_len,
-            reply_tokens=self.config.max_tokens,
+            reply_tokens=max_tokens or self.config.max_tokens,
             history_tokens=self.config.history_tokens,
         )
         # the least relevant are left out (ranks stay 1..n: the recompute split relies on it)
         hits, history = [h for h in hits if h.rank <= fit.memories], fit.history
-        now = datetime.now(UTC)
         user_turn_id = (
-            self.factlog.append_turn(conversation_id, Turn("user", text, now))
+            self.factlog.append_turn(conversation_id, Turn("user", text, datetime.now(UTC)))
             if log and conversation_id is not None
             else None
         )
         reply = Reply(conversation_id, mode=self.config.mode, user_turn_id=user_turn_id)
         reply.trimmed = fit.describe()
-        injected: list[InjectedFact] = []
-        injected_keys: list[str] = []
+        turn = PreparedTurn(
+            reply,
+            [],
+            max_tokens=max_tokens or self.config.max_tokens,
+            sampling=sampling or self.config.sampling,
+        )
         if self.config.mode == "prompt":
             memory = [MemoryFact(h.fact.text, h.fact.refers_to) for h in hits]
-            prompt = self.builder.prompt_injection_ids(memory, text, history)
+            turn.prompt = self.builder.prompt_injection_ids(memory, text, history)
+            if self.builder.salt_scope:  # a server's user: no prefix-cache blocks shared
+                turn.cache_salt = f"inferscale/prompt/{self.builder.salt_scope}"
             when = [h.fact.refers_to.isoformat() if h.fact.refers_to else None for h in hits]
             reply.facts = [
                 InjectedFact(h.fact.id, h.fact.text, d, h.score, "text")
@@ -225,17 +269,26 @@ class Session:
             ]
         else:
             entries, lines, reply.facts = self._plan(hits)
-            injected = [f for f in reply.facts if f.how == "injected"]
-            injected_keys = [key for key, _ in entries]
+            turn.injected_keys = [key for key, _ in entries]
             recomputed = sum(1 for f in reply.facts if f.how == "recomputed")
-            prompt = self.builder.compose(
+            turn.prompt = self.builder.compose(
                 entries, text, history, self.config.w, lines, self.config.window, recomputed
             )
+        return turn
+
+    def generate(self, turn: PreparedTurn) -> Iterator[tuple[str, Reply]]:
+        """Stream the reply to a prepared turn: ``(delta, reply so far)``. Closing the
+        iterator early aborts the engine's request."""
+        reply = turn.reply
         if self.worker is not None:
             self.worker.pause()
         guard = LoopGuard() if self.config.loop_guard else None
+        salt = {"cache_salt": turn.cache_salt} if turn.cache_salt else {}
         stream = self.engine.stream(
-            prompt, max_tokens=self.config.max_tokens, **self.config.sampling.engine_kwargs()
+            turn.prompt,
+            max_tokens=turn.max_tokens,
+            **salt,
+            **turn.sampling.engine_kwargs(),
         )
         try:
             for delta, result in stream:
@@ -248,13 +301,19 @@ class Session:
             stream.close()  # a reply stopped early: the engine aborts its request
             if self.worker is not None:
                 self.worker.resume()
+
+    def finish(self, turn: PreparedTurn) -> Reply:
+        """Settle how each memory went in, and log the reply with its details (if the user's
+        turn was logged)."""
+        reply = turn.reply
+        injected = [f for f in reply.facts if f.how == "injected"]
         if reply.result is not None and reply.result.refused:
             for fact in reply.facts:
                 fact.how = "text" if fact.how == "injected" else fact.how
         elif reply.result is not None:
-            for fact, key in zip(injected, injected_keys, strict=True):
+            for fact, key in zip(injected, turn.injected_keys, strict=True):
                 fact.tier = reply.result.entry_tiers.get(key, fact.tier)  # none if stopped early
-        if user_turn_id is not None:
+        if reply.user_turn_id is not None and reply.conversation_id is not None:
             memories = [
                 ReplyMemory(f.fact_id, f.text, f.refers_to, f.score, f.how, f.tier)
                 for f in reply.facts
@@ -264,12 +323,13 @@ class Session:
             )
             with self.factlog.transaction():  # the turn and what it used, together
                 reply.assistant_turn_id = self.factlog.append_turn(
-                    conversation_id, Turn("assistant", reply.text.strip(), datetime.now(UTC))
+                    reply.conversation_id,
+                    Turn("assistant", reply.text.strip(), datetime.now(UTC)),
                 )
                 self.factlog.save_reply_details(reply.assistant_turn_id, details)
             if self.worker is not None:
                 self.worker.wake()
-        yield "", reply
+        return reply
 
     def ask_all(self, conversation_id: int | None, text: str, *, log: bool = True) -> Reply:
         reply = None
@@ -279,6 +339,19 @@ class Session:
         return reply
 
     # ---- memory edits: one operation across the log, the index and every KV tier ----
+    def remember(self, text: str, refers_to: date | None = None, cause: str = "added") -> Fact:
+        """Add a fact the user states directly (deduplicated, like an extracted one); it is
+        searchable at once and encoded by the memory worker."""
+        fact_id, _ = self.factlog.add_fact(
+            self.profile_id, text, refers_to, cause=cause, allow_forgotten=True
+        )
+        fact = self.factlog.get_fact(fact_id)
+        assert fact is not None
+        self.retriever.add(fact)
+        if self.worker is not None:
+            self.worker.wake()
+        return fact
+
     def forget(self, fact_id: int, cause: str = "forgotten by the user") -> None:
         for key in self.factlog.forget_fact(fact_id, cause):
             self.store.delete(key)

@@ -66,19 +66,26 @@ def open_store(model_dir: Path, root: Path | None = None, gpu_bytes: int = 0) ->
     )
 
 
-def start_engine(model_dir: Path, store: KVStore, **options: Any) -> Engine:
-    """vLLM in this process with the connector over ``store`` (``options``: ``EngineOptions``
-    fields, e.g. ``max_model_len``, ``extra`` for more ``LLM(...)`` arguments)."""
+def start_engine(
+    model_dir: Path, store: KVStore, *, serving: bool = False, **options: Any
+) -> Engine:
+    """vLLM with the connector over ``store`` (``options``: ``EngineOptions`` fields, e.g.
+    ``max_model_len``, ``extra`` for more engine arguments): in this process, sharing
+    ``store`` with the connector; or, ``serving``, vLLM's multi-process async engine, whose
+    connector opens the same folder in the engine's processes."""
     from inferscale_core.vllm_plugin.vllm_engine import EngineOptions, VllmEngine
 
     connector = dict(options.pop("connector_extra", {}))
     if store.device_tier is not None:  # the connector's own store gets the same pool size
         connector.setdefault("gpu_bytes", store.device_tier.budget)
-    engine = VllmEngine(
-        EngineOptions(
-            model_dir, store.root, store.fingerprint, connector_extra=connector, **options
-        )
+    engine_options = EngineOptions(
+        model_dir, store.root, store.fingerprint, connector_extra=connector, **options
     )
+    if serving:
+        from inferscale_core.vllm_plugin.serving_engine import ServingEngine
+
+        return ServingEngine(engine_options)
+    engine = VllmEngine(engine_options)
     engine.share_store(store)
     return engine
 
@@ -90,6 +97,7 @@ def build(
     store_root: Path | None = None,
     model_progress: bool = False,
     system_prompt: str | None = None,
+    serving: bool = False,
     **engine_options: Any,
 ) -> Assistant:
     """The assistant for ``config``: its model, store, engine (warmed up) and prompt builder.
@@ -101,7 +109,7 @@ def build(
     model_dir = resolve_model(config.model, progress=model_progress)
     store = open_store(model_dir, store_root, config.gpu_pool_bytes)
     on_step(STEPS[1])
-    engine = start_engine(model_dir, store, **engine_options)
+    engine = start_engine(model_dir, store, serving=serving, **engine_options)
     on_step(STEPS[2])
     engine.warm_up()
     on_step(STEPS[3])

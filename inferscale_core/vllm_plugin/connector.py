@@ -29,6 +29,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from inferscale_core.kvstore import KVStore
 from inferscale_core.model_spec import ModelSpec, UnsupportedModelError, cache_groups_refusal
+from inferscale_core.vllm_plugin.lifetime import die_with_parent
 from inferscale_core.vllm_plugin.metadata import InjectionMetadata
 from inferscale_core.vllm_plugin.scheduler_side import InjectionScheduler
 from inferscale_core.vllm_plugin.worker_side import InjectionWorker
@@ -71,6 +72,8 @@ class InferScaleConnector(KVConnectorBase_V1):
         self._scheduler: InjectionScheduler | None = None
         self._worker: InjectionWorker | None = None
         if role == KVConnectorRole.SCHEDULER:
+            if "parent_pid" in extra:  # vLLM's engine core, started by our server
+                die_with_parent(int(extra["parent_pid"]))
             mode = getattr(vllm_config.compilation_config, "cudagraph_mode", None)
             refusal = (
                 refusal

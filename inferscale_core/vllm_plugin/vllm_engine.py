@@ -61,9 +61,11 @@ class EngineOptions:
     connector_extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _prepare_environment(options: EngineOptions) -> bool:
-    """Process-wide settings vLLM reads at import time. Returns True on a CUDA machine."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: one Python process
+def prepare_environment(options: EngineOptions, multiprocessing: bool = False) -> bool:
+    """Process-wide settings vLLM reads at import time: in-process (one Python process) or
+    vLLM's multi-process engine (``multiprocessing``), no telemetry, no network. Returns True
+    on a CUDA machine."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocessing else "0"
     for name in (
         "VLLM_NO_USAGE_STATS",
         "VLLM_DO_NOT_TRACK",
@@ -81,52 +83,113 @@ def _prepare_environment(options: EngineOptions) -> bool:
     return on_gpu
 
 
+def engine_arguments(options: EngineOptions, on_gpu: bool) -> dict[str, Any]:
+    """vLLM's engine arguments (``LLM(...)`` / ``AsyncEngineArgs(...)``) for ``options``, with
+    the connector over the store and the product's scheduling."""
+    from vllm.config import KVTransferConfig
+
+    dtype = options.dtype if options.dtype != "auto" or on_gpu else "float32"
+    eager = options.enforce_eager if options.enforce_eager is not None else not on_gpu
+    kwargs: dict[str, Any] = dict(
+        model=str(options.model_dir),
+        dtype=dtype,
+        max_model_len=options.max_model_len,
+        enforce_eager=eager,
+        enable_prefix_caching=options.enable_prefix_caching,
+        seed=options.seed,
+        # Chat turns before waiting encoding requests (CHAT_PRIORITY, ENCODE_PRIORITY).
+        scheduling_policy="priority",
+        kv_transfer_config=KVTransferConfig(
+            kv_connector=CONNECTOR_CLASS,
+            kv_connector_module_path=CONNECTOR_MODULE,
+            kv_role="kv_both",
+            kv_connector_extra_config={
+                "store_path": str(options.store_path),
+                "fingerprint": options.fingerprint,
+                "kv_write": options.kv_write,
+                **options.connector_extra,
+            },
+        ),
+    )
+    if on_gpu:
+        kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
+    block_size = options.block_size or (GPU_BLOCK_SIZE if on_gpu else None)
+    if block_size is not None:
+        kwargs["block_size"] = block_size
+    step_tokens = options.max_num_batched_tokens
+    if step_tokens is None:
+        step_tokens = GPU_STEP_TOKENS if on_gpu else CPU_STEP_TOKENS
+    if step_tokens:
+        kwargs["max_num_batched_tokens"] = step_tokens
+        if on_gpu:  # vLLM wants a token per sequence a step may hold (its H200 default: 1,024)
+            kwargs["max_num_seqs"] = min(step_tokens, 1024)
+    kwargs.update(options.extra)
+    return kwargs
+
+
+def sampling_params(
+    kv_params: dict[str, Any] | None,
+    max_tokens: int,
+    temperature: float,
+    logprobs: int | None,
+    stop: Sequence[str] | None,
+    prompt_logprobs: int | None,
+    ignore_eos: bool = False,
+    json_schema: dict[str, Any] | None = None,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    repetition_penalty: float = 1.0,
+) -> Any:
+    """vLLM's ``SamplingParams`` of one request: DELTA outputs, the load plan in
+    ``extra_args["kv_transfer_params"]`` (the connector reads it there)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+    extra = {"kv_transfer_params": kv_params} if kv_params else None
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        repetition_penalty=repetition_penalty,
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+        stop=list(stop) if stop else None,
+        ignore_eos=ignore_eos,
+        output_kind=RequestOutputKind.DELTA,
+        extra_args=extra,
+        structured_outputs=StructuredOutputsParams(json=json_schema) if json_schema else None,
+        # Made for this one request: vLLM may use it as is instead of deep-copying it (a
+        # copy of the ~50-entry load list per request).
+        skip_clone=True,
+    )
+
+
+def request_inputs(
+    prompt: ComposedPrompt | Sequence[int], inject: bool, cache_salt: str | None, fingerprint: str
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``(tokens prompt, kv_transfer_params)`` of a request: a composed memory request names
+    its entries (when ``inject``) and its cache salt; plain ids are a prompt of their own."""
+    composed = prompt if isinstance(prompt, ComposedPrompt) else None
+    prompt_ids = list(composed.prompt_ids) if composed else list(prompt)  # type: ignore[arg-type]
+    kv_params = composed.kv_transfer_params(fingerprint) if composed and inject else None
+    salt = cache_salt if cache_salt is not None else (composed.cache_salt if composed else None)
+    tokens_prompt: dict[str, Any] = {"prompt_token_ids": prompt_ids}
+    if salt:
+        tokens_prompt["cache_salt"] = salt
+    return tokens_prompt, kv_params
+
+
 class VllmEngine:
     """One ``vllm.LLM`` in this process; requests are composed token ids with a load plan."""
 
     def __init__(self, options: EngineOptions) -> None:
-        on_gpu = _prepare_environment(options)
+        on_gpu = prepare_environment(options)
         from vllm import LLM
-        from vllm.config import KVTransferConfig
 
         self.options = options
         self.fingerprint = options.fingerprint
-        dtype = options.dtype if options.dtype != "auto" or on_gpu else "float32"
-        eager = options.enforce_eager if options.enforce_eager is not None else not on_gpu
-        kwargs: dict[str, Any] = dict(
-            model=str(options.model_dir),
-            dtype=dtype,
-            max_model_len=options.max_model_len,
-            enforce_eager=eager,
-            enable_prefix_caching=options.enable_prefix_caching,
-            seed=options.seed,
-            # Chat turns before waiting encoding requests (CHAT_PRIORITY, ENCODE_PRIORITY).
-            scheduling_policy="priority",
-            kv_transfer_config=KVTransferConfig(
-                kv_connector=CONNECTOR_CLASS,
-                kv_connector_module_path=CONNECTOR_MODULE,
-                kv_role="kv_both",
-                kv_connector_extra_config={
-                    "store_path": str(options.store_path),
-                    "fingerprint": options.fingerprint,
-                    "kv_write": options.kv_write,
-                    **options.connector_extra,
-                },
-            ),
-        )
-        if on_gpu:
-            kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
-        block_size = options.block_size or (GPU_BLOCK_SIZE if on_gpu else None)
-        if block_size is not None:
-            kwargs["block_size"] = block_size
-        step_tokens = options.max_num_batched_tokens
-        if step_tokens is None:
-            step_tokens = GPU_STEP_TOKENS if on_gpu else CPU_STEP_TOKENS
-        if step_tokens:
-            kwargs["max_num_batched_tokens"] = step_tokens
-            if on_gpu:  # vLLM wants a token per sequence a step may hold (its H200 default: 1,024)
-                kwargs["max_num_seqs"] = min(step_tokens, 1024)
-        kwargs.update(options.extra)
+        kwargs = engine_arguments(options, on_gpu)
         t0 = time.perf_counter()
         self.llm = LLM(**kwargs)
         self.startup_s = time.perf_counter() - t0
@@ -184,42 +247,6 @@ class VllmEngine:
         """Tokens per KV-cache block (prefix caching shares whole blocks only)."""
         return int(self._engine.vllm_config.cache_config.block_size)
 
-    def _sampling_params(
-        self,
-        kv_params: dict[str, Any] | None,
-        max_tokens: int,
-        temperature: float,
-        logprobs: int | None,
-        stop: Sequence[str] | None,
-        prompt_logprobs: int | None,
-        ignore_eos: bool = False,
-        json_schema: dict[str, Any] | None = None,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        repetition_penalty: float = 1.0,
-    ) -> Any:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
-
-        extra = {"kv_transfer_params": kv_params} if kv_params else None
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            repetition_penalty=repetition_penalty,
-            logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
-            stop=list(stop) if stop else None,
-            ignore_eos=ignore_eos,
-            output_kind=RequestOutputKind.DELTA,
-            extra_args=extra,
-            structured_outputs=StructuredOutputsParams(json=json_schema) if json_schema else None,
-            # Made for this one request: vLLM may use it as is instead of deep-copying it (a
-            # copy of the ~50-entry load list per request).
-            skip_clone=True,
-        )
-
     def _submit(
         self,
         prompt: ComposedPrompt | Sequence[int],
@@ -229,16 +256,10 @@ class VllmEngine:
         **sampling: Any,
     ) -> tuple[str, Any, GenerationResult, float]:
         """Hand one request to the driver: ``(id, its output queue, empty result, t0)``."""
-        composed = prompt if isinstance(prompt, ComposedPrompt) else None
-        prompt_ids = list(composed.prompt_ids) if composed else list(prompt)  # type: ignore[arg-type]
-        kv_params = composed.kv_transfer_params(self.fingerprint) if composed and inject else None
-        salt = cache_salt if cache_salt is not None else (composed.cache_salt if composed else None)
-        tokens_prompt: dict[str, Any] = {"prompt_token_ids": prompt_ids}
-        if salt:
-            tokens_prompt["cache_salt"] = salt
-        params = self._sampling_params(kv_params, **sampling)
+        tokens_prompt, kv_params = request_inputs(prompt, inject, cache_salt, self.fingerprint)
+        params = sampling_params(kv_params, **sampling)
         request_id = f"inferscale-{next(self._ids)}"
-        result = GenerationResult(request_id, len(prompt_ids))
+        result = GenerationResult(request_id, len(tokens_prompt["prompt_token_ids"]))
         t0 = time.perf_counter()
         background = priority > CHAT_PRIORITY  # steps aside for chat prompts (driver.py)
         return (
@@ -297,7 +318,7 @@ class VllmEngine:
                 if isinstance(item, RequestFailed):
                     raise item
                 at, output = item
-                delta = _absorb(result, output, t0, at)
+                delta = absorb(result, output, t0, at)
                 finished = output.finished
                 if delta or finished:
                     yield delta, result
@@ -347,7 +368,7 @@ class VllmEngine:
                     if isinstance(item, RequestFailed):
                         raise item
                     at, output = item
-                    _absorb(result, output, t0, at)
+                    absorb(result, output, t0, at)
                 pending.remove(request_id)
         finally:
             if pending:
@@ -395,7 +416,7 @@ class VllmEngine:
         self._driver.close()
 
 
-def _absorb(result: GenerationResult, output: Any, t0: float, now: float) -> str:
+def absorb(result: GenerationResult, output: Any, t0: float, now: float) -> str:
     """Fold one DELTA RequestOutput (from the step that ended at ``now``) into ``result``;
     return its new text."""
     completion = output.outputs[0]

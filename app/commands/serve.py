@@ -1,0 +1,168 @@
+"""``inferscale-assistant serve`` and ``users``: the assistant as an OpenAI-compatible server.
+
+``serve`` runs vLLM's multi-process async engine with the connector, and an HTTP API on
+uvicorn (``app/serve/server.py``): each request is one user's, answered from that user's
+memory and logged to it. ``users add NAME`` makes a user and prints their API token once.
+
+The server keeps its own data apart from the desktop app's: ``<data>/serve/`` holds
+``memory.db`` (one profile per user), ``users.db`` (token hashes), ``kv/`` (the KV store) and
+``inbox/<user>/`` (imported exports, and quarantined ones with their reasons).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from inferscale_core import paths
+
+DEFAULT_PORT = 8000
+
+
+def served_name(model_dir: Path) -> str:
+    """The model's name in the API: its folder's, without the cache's content hash."""
+    return re.sub(r"-[0-9a-f]{12}$", "", model_dir.name)
+
+
+def serve_dir(args: argparse.Namespace) -> Path:
+    folder = Path(args.data_dir) if args.data_dir else paths.data_dir() / "serve"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(folder, 0o700)
+    return folder
+
+
+def run_users(args: argparse.Namespace, console: Console) -> int:
+    from app.serve.users import UserError, Users
+
+    users = Users(serve_dir(args) / "users.db")
+    try:
+        if args.action == "add":
+            token = users.add(args.name)
+        elif args.action == "token":
+            token = users.new_token(args.name)
+        elif args.action == "remove":
+            users.remove(args.name)
+            console.print(f"removed {escape(args.name)}: their token no longer works")
+            return 0
+        else:
+            rows = users.names()
+            for name, created in rows:
+                console.print(f"{escape(name)}  (since {created[:10]})")
+            if not rows:
+                console.print("no users yet: `inferscale-assistant users add NAME`")
+            return 0
+    except UserError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        return 1
+    finally:
+        users.close()
+    # The token alone on stdout (scripts read it); what to do with it on stderr.
+    print(token)
+    Console(stderr=True).print(
+        f"the API token of {escape(args.name)}: shown once, keep it secret. Clients send it as"
+        " 'Authorization: Bearer <token>' (the OpenAI client's api_key)."
+    )
+    return 0
+
+
+def run_serve(args: argparse.Namespace, console: Console) -> int:
+    import uvicorn
+
+    from app.serve.hub import Hub
+    from app.serve.server import create_app
+    from app.serve.users import Users
+    from app.startup import quiet_engine_logs
+    from app.user_config import load_config
+    from inferscale_core import wiring
+
+    config = load_config(console)
+    if config is None:
+        return 1
+    folder = serve_dir(args)
+    users = Users(folder / "users.db")
+    if not users.names():
+        console.print(
+            "[yellow]no users yet:[/yellow] make one with `inferscale-assistant users add NAME`"
+            " (it prints the user's API token); requests without a valid token get 401"
+        )
+    if not args.verbose:
+        quiet_engine_logs()
+    options = {"max_model_len": args.max_model_len} if args.max_model_len else {}
+    with console.status("starting vLLM (engine and workers in their own processes)…"):
+        assistant = wiring.build(config, store_root=folder / "kv", serving=True, **options)
+    name = args.served_model_name or served_name(assistant.model_dir)
+    hub = Hub(assistant, config, folder / "memory.db")
+    app = create_app(hub, users, name, inbox=folder / "inbox")
+    console.print(
+        f"serving [bold]{escape(name)}[/bold] on http://{args.host}:{args.port}/v1"
+        " (OpenAI-compatible; Ctrl+C stops)"
+    )
+    try:
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="info" if args.verbose else "warning",
+            access_log=args.verbose,
+            timeout_graceful_shutdown=5,
+        )
+    finally:
+        hub.close()
+        close = getattr(assistant.engine, "close", None)
+        if close is not None:
+            close()
+        users.close()
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser(
+        "serve",
+        help="serve the assistant to several users: an OpenAI-compatible HTTP API",
+        description="Serve the assistant over HTTP: OpenAI's /v1/chat/completions (streaming"
+        " too) and /v1/models, and a memory API per user (/v1/memories). Each request is a"
+        " user's, identified by their API token: it is answered from that user's memory (KV"
+        " injection) and logged to it. vLLM runs in its multi-process mode, many requests in"
+        " flight. Make users first: `inferscale-assistant users add NAME`. Put it behind a"
+        " reverse proxy with TLS to reach it from other machines (docs/SERVING.md).",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"({DEFAULT_PORT})")
+    serve.add_argument(
+        "--served-model-name", help="the model's name in the API (default: its folder's name)"
+    )
+    serve.add_argument("--max-model-len", type=int, help="tokens of context (default: 8192)")
+    _data_dir(serve)
+    serve.set_defaults(func=run_serve)
+
+    users = sub.add_parser(
+        "users",
+        help="the server's users: add one (prints their API token), list, new token, remove",
+        description="Manage who may use `inferscale-assistant serve`. A token is printed once"
+        " (only its hash is stored). Removing a user revokes their token; their memory stays.",
+    )
+    actions = users.add_subparsers(dest="action", metavar="ACTION")
+    _data_dir(actions.add_parser("list", help="the users"), argparse.SUPPRESS)
+    for action, text in (
+        ("add", "make a user and print their API token"),
+        ("token", "replace a user's token (the old one stops working) and print it"),
+        ("remove", "revoke a user's access"),
+    ):
+        parser = actions.add_parser(action, help=text)
+        parser.add_argument("name", help="the user's name")
+        _data_dir(parser, argparse.SUPPRESS)
+    _data_dir(users)
+    users.set_defaults(func=run_users, action="list")
+
+
+def _data_dir(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+    parser.add_argument(
+        "--data-dir",
+        default=default,
+        help="the server's folder: memory.db, users.db, kv/, inbox/ (default: <data>/serve)",
+    )

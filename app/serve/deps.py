@@ -1,0 +1,57 @@
+"""What every route of the server depends on: the error type, and who is asking.
+
+The server's state (``users``, ``hub``, the reply threads) lives on ``app.state``; the
+dependencies below read it from the request, so routes in any module can declare them::
+
+    async def route(desk: DeskDep) -> ...   # the caller's desk (401 without a valid token)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from app.serve.hub import Desk
+from app.serve.users import User
+
+
+class ApiError(Exception):
+    """An error response: HTTP ``status`` with OpenAI's error body."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+def not_found(what: str) -> ApiError:
+    return ApiError(404, what, "not_found_error")
+
+
+async def current_user(request: Request) -> User:
+    """The user whose token the request carries (401 otherwise)."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiError(
+            401,
+            "missing API token: send 'Authorization: Bearer <token>' (the server's admin"
+            " makes one with `inferscale-assistant users add NAME`)",
+            "authentication_error",
+        )
+    user = request.app.state.users.authenticate(token.strip())
+    if user is None:
+        raise ApiError(401, "invalid API token", "authentication_error")
+    return user
+
+
+UserDep = Annotated[User, Depends(current_user)]
+
+
+async def desk_of(request: Request, user: UserDep) -> Desk:
+    """The caller's desk (opened on first use, off the event loop: it loads their index)."""
+    state = request.app.state
+    return await asyncio.get_running_loop().run_in_executor(state.pool, state.hub.desk, user)
+
+
+DeskDep = Annotated[Desk, Depends(desk_of)]

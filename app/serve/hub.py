@@ -1,0 +1,114 @@
+"""Each user's memory on the server: a session per user over one engine, one thread per user.
+
+A :class:`Desk` is one user's :class:`~inferscale_core.session.Session` (its profile in the
+server's fact log, its retriever, its memory worker) with a thread of its own: everything that
+reads or writes the user's memory runs there, one call at a time (SQLite connections and the
+retriever's index belong to one thread). Generation does not: the reply streams on any thread,
+so a user's requests run concurrently in the engine, like every other user's.
+
+The session's prompt builder is scoped by the user's secret (``PromptBuilder.scoped``): every
+cache salt of the user's requests and encodings carries it, so vLLM never serves one user's
+prefix-cache blocks to another. The entries a request injects come from the user's own
+retrieval only; nothing a client sends names them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from app.serve.users import User
+
+if TYPE_CHECKING:
+    from inferscale_core import wiring
+    from inferscale_core.config import AppConfig
+    from inferscale_core.embedder import Embedder
+    from inferscale_core.session import Session
+
+T = TypeVar("T")
+API = "api"  # title, source and source id of the conversation a user's requests are logged in
+
+
+class Desk:
+    """One user's session and the thread that touches its memory."""
+
+    def __init__(self, user: User, open_session: Callable[[], Session]) -> None:
+        self.user = user
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"memory-{user.name}")
+        # Opened on the thread that will own its fact log connection.
+        self.session: Session = self.call(open_session)
+        self.conversation_id: int = self.call(api_conversation, self.session)
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` on this user's memory thread and wait for it (from any thread)."""
+        return self._thread.submit(fn, *args).result()
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """:meth:`call` for a coroutine (the server's handlers)."""
+        return await asyncio.wrap_future(self._thread.submit(fn, *args))
+
+    def close(self) -> None:
+        self._thread.submit(self.session.close).result()
+        self._thread.shutdown()
+
+
+class Hub:
+    """The desks of a server's users, opened on first use; one engine for all."""
+
+    def __init__(
+        self,
+        assistant: wiring.Assistant,
+        config: AppConfig,
+        db_path: Path,
+        embedder: Embedder | None = None,
+    ) -> None:
+        from inferscale_core.embedder import SentenceTransformerEmbedder
+
+        self.assistant = assistant
+        self.config = config
+        self.db_path = Path(db_path)
+        self.embedder = embedder or SentenceTransformerEmbedder()
+        self._desks: dict[str, Desk] = {}
+        self._lock = threading.Lock()
+
+    def desk(self, user: User) -> Desk:
+        """``user``'s desk (opened, with its memory worker started, on first use)."""
+        with self._lock:
+            desk = self._desks.get(user.name)
+            if desk is None:
+                desk = self._desks[user.name] = self._open(user)
+            return desk
+
+    def _open(self, user: User) -> Desk:
+        from dataclasses import replace
+
+        from inferscale_core import wiring
+
+        config = replace(self.config, profile=user.profile)
+        assistant = replace(self.assistant, builder=self.assistant.builder.scoped(user.secret))
+        return Desk(
+            user,
+            lambda: wiring.open_session(assistant, config, self.db_path, embedder=self.embedder),
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            desks, self._desks = list(self._desks.values()), {}
+        for desk in desks:
+            desk.close()
+
+
+def api_conversation(session: Session) -> int:
+    """The user's "api" conversation (created once): where the server logs their exchanges."""
+    from inferscale_core.types import Conversation
+
+    log = session.factlog
+    found = log.conversation_by_source(session.profile_id, API, API)
+    if found is not None:
+        return found
+    conversation = Conversation(title=API, source=API, source_id=API)
+    return log.add_conversation(session.profile_id, conversation)[0]

@@ -1,0 +1,327 @@
+"""The HTTP API: OpenAI's chat completions over each user's memory, and a memory API per user.
+
+Routes (every one but ``/health`` needs ``Authorization: Bearer <token>``)::
+
+    GET    /v1/models                      the one model served
+    POST   /v1/chat/completions            OpenAI's; "stream": true for server-sent events
+    GET    /v1/memories?q=&limit=          the user's facts, newest first
+    POST   /v1/memories                    {"text", "refers_to"?}: remember a fact (201)
+    GET    /v1/memories/{id}               one fact (404 unless it is the user's)
+    DELETE /v1/memories/{id}               forget it everywhere: log, indexes, KV (204)
+    POST   /v1/memories/search             {"query", "k"}: what a question would retrieve
+    POST   /v1/memories/import?filename=   an export file as the body (ChatGPT, Claude, ...)
+    GET    /v1/memories/export             every active fact, as JSON
+    GET    /v1/status                      the engine's requests in flight
+    GET    /health                         200 once the engine answers
+
+Errors use OpenAI's body (``{"error": {"message", "type", ...}}``): 400 malformed JSON or an
+invalid/unknown field, 401 a missing or wrong token, 404 an unknown model or another user's
+memory, 413 a body over the limit. Logs hold requests' paths and statuses, never their text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.serve import memory_routes
+from app.serve.deps import ApiError, DeskDep, UserDep
+from app.serve.hub import Desk, Hub
+from app.serve.protocol import (
+    ChatRequest,
+    chunk,
+    completion,
+    completion_id,
+    error,
+    usage,
+)
+from app.serve.users import Users
+
+if TYPE_CHECKING:
+    from inferscale_core.session import PreparedTurn, Reply
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 1 << 20  # a chat request (1 MiB holds a long conversation)
+MAX_IMPORT_BYTES = 256 << 20  # an export file
+GENERATION_THREADS = 512  # replies streaming at once (each waits on the engine)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """ASGI middleware: a body over the limit (declared or streamed) gets 413 before any
+    handler reads it whole."""
+
+    def __init__(self, app: ASGIApp, limit: int, import_limit: int) -> None:
+        self.app, self.limit, self.import_limit = app, limit, import_limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.import_limit if scope["path"].endswith("/import") else self.limit
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await _too_large(send, limit)
+            return
+        received = 0
+        started = False
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise _TooLarge
+            return message
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited, watched)
+        except _TooLarge:
+            if not started:
+                await _too_large(send, limit)
+
+
+async def _too_large(send: Send, limit: int) -> None:
+    body = json.dumps(error(f"the request body is over the limit of {limit:,} bytes")).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [(b"content-type", b"application/json")],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    first = exc.errors()[0] if exc.errors() else {}
+    if first.get("type") in ("json_invalid", "dict_type", "model_attributes_type"):
+        return "the request body is not a valid JSON object", None
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    where = ".".join(loc) or None
+    message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    if first.get("type") == "extra_forbidden":
+        message = f"unknown field {where!r}"
+    return (f"{where}: {message}" if where and where not in message else message), where
+
+
+def create_app(
+    hub: Hub,
+    users: Users,
+    model_name: str,
+    *,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    max_import_bytes: int = MAX_IMPORT_BYTES,
+    inbox: Path | None = None,
+) -> FastAPI:
+    """The server's ASGI app over ``hub`` (its users' desks and the engine)."""
+    app = FastAPI(title="InferScale assistant", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, limit=max_body_bytes, import_limit=max_import_bytes)
+    pool = ThreadPoolExecutor(GENERATION_THREADS, thread_name_prefix="reply")
+    app.state.users, app.state.hub, app.state.pool = users, hub, pool
+    engine: Any = hub.assistant.engine
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return JSONResponse(error(exc.message, exc.kind), exc.status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return JSONResponse(error(message, param=param), 400)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models(user: UserDep) -> dict[str, Any]:
+        entry = {"id": model_name, "object": "model", "created": 0, "owned_by": "inferscale"}
+        return {"object": "list", "data": [entry]}
+
+    @app.get("/v1/status")
+    async def status(desk: DeskDep) -> dict[str, Any]:
+        """The engine's requests in flight, and the caller's memory: facts, and how many
+        still wait to be encoded."""
+        loop = asyncio.get_running_loop()
+        in_engine = await loop.run_in_executor(pool, engine.unfinished_requests)
+        facts, waiting = await desk.run(_memory_counts, desk)
+        return {
+            "requests_in_engine": in_engine,
+            "aborted_by_clients": engine.aborted,
+            "memory": {"facts": facts, "not_encoded": waiting},
+        }
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest, desk: DeskDep) -> Any:
+        if body.model != model_name:
+            raise ApiError(
+                404,
+                f"model {body.model!r} is not served here; GET /v1/models lists {model_name!r}",
+                "not_found_error",
+            )
+        try:
+            question, history = body.question_and_history()
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+        turn = await desk.run(_prepare, desk, body, question, history)
+        ident = completion_id()
+        loop = asyncio.get_running_loop()
+        if not body.stream:
+            reply = await loop.run_in_executor(pool, _answer, desk, turn, None, None)
+            return completion(
+                ident,
+                model_name,
+                reply.text,
+                _finish_reason(reply),
+                _usage(reply),
+                _memories(reply),
+            )
+        return StreamingResponse(
+            _events(loop, pool, desk, turn, ident, model_name, body),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store"},
+        )
+
+    memory_routes.add(app, inbox)
+    return app
+
+
+def _memory_counts(desk: Desk) -> tuple[int, int]:
+    """``(active facts, of them not encoded yet)`` of the desk's user."""
+    session = desk.session
+    log, profile = session.factlog, session.profile_id
+    waiting = log.facts_without_kv(
+        profile, session.builder.fingerprint, session.config.w, session.encoding, limit=None
+    )
+    return log.count_facts(profile).get("active", 0), len(waiting)
+
+
+def _prepare(
+    desk: Desk, body: ChatRequest, question: str, history: list[tuple[str, str]]
+) -> PreparedTurn:
+    """On the user's memory thread: retrieval and composition (and the user's turn logged)."""
+    from inferscale_core.composer import TurnRejected
+
+    session = desk.session
+    sampling = session.config.sampling.with_overrides(
+        temperature=body.temperature, top_p=body.top_p
+    )
+    try:
+        return session.prepare(
+            desk.conversation_id if body.store else None,
+            question,
+            log=body.store,
+            history=history,
+            max_tokens=body.reply_tokens,
+            sampling=sampling,
+        )
+    except TurnRejected as exc:
+        raise ApiError(400, str(exc)) from None
+
+
+def _answer(
+    desk: Desk,
+    turn: PreparedTurn,
+    on_delta: Any,
+    cancelled: threading.Event | None,
+) -> Reply:
+    """On a reply thread: stream the reply (``on_delta(text)`` per piece), stop early when
+    ``cancelled`` is set (the engine then aborts the request), then log it on the user's
+    memory thread."""
+    try:
+        for delta, _ in desk.session.generate(turn):
+            if cancelled is not None and cancelled.is_set():
+                break
+            if delta and on_delta is not None:
+                on_delta(delta)
+    finally:
+        reply = desk.call(desk.session.finish, turn)
+    return reply
+
+
+async def _events(
+    loop: asyncio.AbstractEventLoop,
+    pool: ThreadPoolExecutor,
+    desk: Desk,
+    turn: PreparedTurn,
+    ident: str,
+    model: str,
+    body: ChatRequest,
+) -> AsyncIterator[str]:
+    """Server-sent events of one streamed reply; a client that goes away cancels this
+    generator, which stops the reply (and so the engine's request)."""
+    pieces: asyncio.Queue[str | None] = asyncio.Queue()
+    cancelled = threading.Event()
+
+    def on_delta(text: str) -> None:
+        loop.call_soon_threadsafe(pieces.put_nowait, text)
+
+    def run() -> Reply:
+        try:
+            return _answer(desk, turn, on_delta, cancelled)
+        finally:
+            loop.call_soon_threadsafe(pieces.put_nowait, None)
+
+    task = loop.run_in_executor(pool, run)
+    try:
+        yield _sse(chunk(ident, model, {"role": "assistant", "content": ""}))
+        while (text := await pieces.get()) is not None:
+            yield _sse(chunk(ident, model, {"content": text}))
+        try:
+            reply = await task
+        except Exception as exc:  # the engine failed the request
+            log.warning("a streamed reply failed: %s", type(exc).__name__)
+            yield _sse(error("the engine failed this request", "server_error"))
+            return
+        extra: dict[str, Any] = {"memories": _memories(reply)}
+        if body.stream_options is not None and body.stream_options.include_usage:
+            extra["usage"] = _usage(reply)
+        yield _sse(chunk(ident, model, {}, _finish_reason(reply), **extra))
+        yield "data: [DONE]\n\n"
+    finally:
+        cancelled.set()  # a client gone mid-stream: the reply thread stops and aborts
+
+
+def _sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def _finish_reason(reply: Reply) -> str:
+    result = reply.result
+    if reply.stopped == "loop" or result is None:
+        return "stop"
+    return "length" if result.finish_reason == "length" else "stop"
+
+
+def _usage(reply: Reply) -> dict[str, int]:
+    result = reply.result
+    if result is None:
+        return usage(0, 0)
+    return usage(result.prompt_tokens, len(result.token_ids))
+
+
+def _memories(reply: Reply) -> list[dict[str, Any]]:
+    return [{"id": f.fact_id, "how": f.how, "score": round(f.score, 4)} for f in reply.facts]

@@ -1,0 +1,290 @@
+"""vLLM's multi-process async engine (``AsyncLLM``) with the InferScale connector, for serving.
+
+The in-process engine (``vllm_engine.VllmEngine``) steps ``LLMEngine`` on one thread of the
+app's process; this one runs vLLM as ``vllm serve`` does: the engine core (scheduler, and the
+connector's scheduler side) and the workers (the connector's worker side, the KV cache) in
+their own processes, many requests in flight, outputs pulled by an asyncio task. The connector
+there opens the store from ``kv_connector_extra_config`` alone (``connector.py``); this
+process only composes requests and reads the store's files.
+
+It offers the same :class:`~inferscale_core.engine.Engine` protocol as the in-process engine,
+so sessions and memory workers run on it unchanged: vLLM's event loop runs on a thread of its
+own, and each call from another thread bridges to it. Every in-flight request is independent:
+a reader that stops early aborts only its own request.
+
+What it does not do that the in-process driver does: background (encoding) requests do not
+step aside inside a step for a chat prompt; vLLM's priority scheduling still runs chat
+prompts first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from inferscale_core.composer import ComposedPrompt
+from inferscale_core.engine import CHAT_PRIORITY
+from inferscale_core.types import GenerationResult
+from inferscale_core.vllm_plugin.driver import DONE, RequestFailed
+from inferscale_core.vllm_plugin.vllm_engine import (
+    EngineOptions,
+    absorb,
+    engine_arguments,
+    prepare_environment,
+    request_inputs,
+    sampling_params,
+)
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+
+class ServingEngine:
+    """``AsyncLLM`` in its default multi-process mode, behind the sync ``Engine`` protocol."""
+
+    def __init__(self, options: EngineOptions) -> None:
+        on_gpu = prepare_environment(options, multiprocessing=True)
+        # The engine core (a child of this process) goes when this process does, even by
+        # kill -9 (lifetime.py); the connector there reads this pid.
+        options = replace(
+            options, connector_extra={**options.connector_extra, "parent_pid": os.getpid()}
+        )
+        self.options = options
+        self.fingerprint = options.fingerprint
+        self._kwargs = engine_arguments(options, on_gpu)
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._waiting_fg: set[str] = set()  # chat requests without their first token yet
+        self.foreground_idle = threading.Event()
+        self.foreground_idle.set()
+        self.aborted = 0  # requests aborted because their reader went away (a count)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-async")
+        self._thread.daemon = True
+        self._thread.start()
+        t0 = time.perf_counter()
+        self.llm: AsyncLLM = self._call(self._start()).result()
+        self.startup_s = time.perf_counter() - t0
+        from transformers import AutoTokenizer
+
+        self._tokenizer = AutoTokenizer.from_pretrained(str(options.model_dir))
+
+    async def _start(self) -> AsyncLLM:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(**self._kwargs, disable_log_stats=True)
+        return AsyncLLM.from_engine_args(args)
+
+    def _call(self, coroutine: Any) -> Future[Any]:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+
+    # ---- what the session and the server read ----
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.llm.model_config.max_model_len)
+
+    @property
+    def block_size(self) -> int:
+        return int(self.llm.vllm_config.cache_config.block_size)
+
+    @property
+    def step_tokens(self) -> int:
+        return int(self.llm.vllm_config.scheduler_config.max_num_batched_tokens)
+
+    def unfinished_requests(self) -> int:
+        """Requests vLLM still tracks (0 once every reader finished or went away)."""
+        return int(self._call(self._unfinished()).result())
+
+    async def _unfinished(self) -> int:
+        return self.llm.output_processor.get_num_unfinished_requests()
+
+    # ---- requests ----
+    def _submit(
+        self,
+        prompt: ComposedPrompt | Sequence[int],
+        inject: bool,
+        cache_salt: str | None,
+        priority: int,
+        **sampling: Any,
+    ) -> tuple[str, queue.SimpleQueue[Any], GenerationResult, float]:
+        tokens_prompt, kv_params = request_inputs(prompt, inject, cache_salt, self.fingerprint)
+        params = sampling_params(kv_params, **sampling)
+        request_id = f"inferscale-{next(self._ids)}"
+        result = GenerationResult(request_id, len(tokens_prompt["prompt_token_ids"]))
+        outputs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        foreground = priority <= CHAT_PRIORITY
+        if foreground:
+            with self._lock:
+                self._waiting_fg.add(request_id)
+                self.foreground_idle.clear()
+        t0 = time.perf_counter()
+        self._call(self._pump(request_id, tokens_prompt, params, priority, outputs))
+        return request_id, outputs, result, t0
+
+    async def _pump(
+        self,
+        request_id: str,
+        tokens_prompt: dict[str, Any],
+        params: Any,
+        priority: int,
+        outputs: queue.SimpleQueue[Any],
+    ) -> None:
+        """Feed one request's outputs to its reader's queue: ``(time, output)``..., DONE."""
+        try:
+            async for output in self.llm.generate(
+                tokens_prompt, params, request_id, priority=priority
+            ):
+                self._first_output(request_id)
+                outputs.put((time.perf_counter(), output))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # vLLM refused it, or the engine died
+            outputs.put(RequestFailed(str(exc) or type(exc).__name__))
+        finally:
+            self._first_output(request_id)
+            outputs.put(DONE)
+
+    def _first_output(self, request_id: str) -> None:
+        with self._lock:
+            self._waiting_fg.discard(request_id)
+            if not self._waiting_fg:
+                self.foreground_idle.set()
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        self._call(self.llm.abort(list(request_ids)))
+
+    def stream(
+        self,
+        prompt: ComposedPrompt | Sequence[int],
+        *,
+        inject: bool = True,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        logprobs: int | None = None,
+        stop: Sequence[str] | None = None,
+        cache_salt: str | None = None,
+        prompt_logprobs: int | None = None,
+        ignore_eos: bool = False,
+        priority: int = CHAT_PRIORITY,
+        json_schema: dict[str, Any] | None = None,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        repetition_penalty: float = 1.0,
+    ) -> Iterator[tuple[str, GenerationResult]]:
+        """As ``VllmEngine.stream``: ``(text delta, running result)``; closing it early aborts
+        the request in the engine (its blocks are freed)."""
+        request_id, outputs, result, t0 = self._submit(
+            prompt,
+            inject,
+            cache_salt,
+            priority,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            logprobs=logprobs,
+            stop=stop,
+            prompt_logprobs=prompt_logprobs,
+            ignore_eos=ignore_eos,
+            json_schema=json_schema,
+            top_p=top_p,
+            top_k=top_k,
+            repetition_penalty=repetition_penalty,
+        )
+        finished = False
+        try:
+            while (item := outputs.get()) is not DONE:
+                if isinstance(item, RequestFailed):
+                    raise item
+                at, output = item
+                delta = absorb(result, output, t0, at)
+                finished = output.finished
+                if delta or finished:
+                    yield delta, result
+        finally:
+            if not finished:
+                self.aborted += 1
+                self.abort([request_id])
+
+    def generate(self, prompt: ComposedPrompt | Sequence[int], **kwargs: Any) -> GenerationResult:
+        final = None
+        for _, final in self.stream(prompt, **kwargs):  # noqa: B007 - the last one is final
+            pass
+        assert final is not None
+        return final
+
+    def generate_batch(
+        self,
+        prompts: Sequence[ComposedPrompt | Sequence[int]],
+        *,
+        inject: bool = True,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        logprobs: int | None = None,
+        cache_salt: str | None = None,
+        ignore_eos: bool = False,
+        priority: int = CHAT_PRIORITY,
+    ) -> list[GenerationResult]:
+        """Submit every prompt at once; results in prompt order (times from the submission)."""
+        submitted = [
+            self._submit(
+                prompt,
+                inject,
+                cache_salt,
+                priority,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                logprobs=logprobs,
+                stop=None,
+                prompt_logprobs=None,
+                ignore_eos=ignore_eos,
+            )
+            for prompt in prompts
+        ]
+        t0 = submitted[0][3] if submitted else 0.0
+        pending = [request_id for request_id, *_ in submitted]
+        try:
+            for request_id, outputs, result, _ in submitted:
+                while (item := outputs.get()) is not DONE:
+                    if isinstance(item, RequestFailed):
+                        raise item
+                    at, output = item
+                    absorb(result, output, t0, at)
+                pending.remove(request_id)
+        finally:
+            if pending:
+                self.abort(pending)
+        return [result for _, _, result, _ in submitted]
+
+    def generate_json(
+        self, prompt_ids: Sequence[int], schema: dict[str, Any], max_tokens: int = 256
+    ) -> str:
+        return self.generate(list(prompt_ids), max_tokens=max_tokens, json_schema=schema).text
+
+    def warm_up(self) -> float:
+        t0 = time.perf_counter()
+        self.generate([1, 2, 3, 4], max_tokens=2)
+        return time.perf_counter() - t0
+
+    def wait_for_chat(self, timeout: float | None = None) -> bool:
+        """True once no chat request waits for its first token, False after ``timeout``."""
+        return self.foreground_idle.wait(timeout)
+
+    def close(self) -> None:
+        """Shut vLLM's processes down and stop the event loop's thread."""
+        llm, self.llm = self.llm, None  # type: ignore[assignment]
+        llm.shutdown()  # now, not from its __del__ at interpreter exit (which fails then)
+        del llm
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)

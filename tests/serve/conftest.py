@@ -1,0 +1,132 @@
+"""A real ``inferscale-assistant serve`` on loopback: its own process (vLLM's engine core and
+worker in theirs), its own INFERSCALE_HOME, users made with the real ``users add``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+START_TIMEOUT_S = 300.0
+CONFIG = "k = 10\nrecompute = 0\nmax_tokens = 64\n"  # every hit injected: the tests check ids
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Server:
+    """One server home; :meth:`start` runs the command, :meth:`kill9` kills it hard."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.port = free_port()
+        self.log = home / "serve.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        config = home / "config" / "config.toml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(CONFIG)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(os.environ, INFERSCALE_HOME=str(self.home))
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def data(self) -> Path:
+        return self.home / "data" / "serve"
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "app", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    def add_user(self, name: str) -> str:
+        done = self.cli("users", "add", name)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "app", "serve", "--port", str(self.port)]
+                + ["--max-model-len", "2048"],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its engine processes in its own group
+            )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"serve exited ({self.proc.returncode}):\n{self.tail()}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).is_success:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(1)
+        pytest.fail(f"serve did not come up in {START_TIMEOUT_S:.0f} s:\n{self.tail()}")
+
+    def tail(self, chars: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+
+    def group_alive(self) -> bool:
+        assert self.proc is not None
+        try:
+            os.killpg(self.proc.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def kill9(self, wait_s: float = 60.0) -> float:
+        """SIGKILL the server process alone; return how long its engine processes took to
+        go by themselves (they watch their parent)."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+        t0 = time.monotonic()
+        while self.group_alive() and time.monotonic() - t0 < wait_s:
+            time.sleep(0.2)
+        gone = time.monotonic() - t0
+        if self.group_alive():  # leave nothing behind for the next test, then fail
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            pytest.fail(f"engine processes outlived a killed server by {wait_s:.0f} s")
+        return gone
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path):
+    srv = Server(tmp_path_factory.mktemp("serve-home"))
+    srv.tokens = {name: srv.add_user(name) for name in ("ana", "bo", "cy")}  # type: ignore[attr-defined]
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()

@@ -1,0 +1,244 @@
+"""``serve`` end to end on the CPU engine: the official ``openai`` client against the real
+server on loopback, two users with 50 memories each, errors, disconnects and a kill -9."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+NAMES = [
+    f"{a}{b}" for a in ("Ka", "Lo", "Mi", "Nu", "Pe") for b in ("ran", "tis", "vel", "dor", "mex")
+]
+CITIES = ["Lisbon", "Oslo", "Quito", "Hanoi", "Lagos", "Perth", "Tunis", "Lima", "Riga", "Cork"]
+TOPICS = ["beekeeping", "violins", "rowing", "ceramics", "orchids", "chess", "kites", "sourdough"]
+
+
+def ana_facts() -> list[str]:
+    return [f"My friend {NAMES[i % 25]}{i} lives in {CITIES[i % 10]}." for i in range(50)]
+
+
+def bo_facts() -> list[str]:
+    return [
+        f"Project {i} at my studio is about {TOPICS[i % 8]} and started in {1990 + i}."
+        for i in range(50)
+    ]
+
+
+QUESTIONS = {
+    "ana": [f"Where does my friend {NAMES[i % 25]}{i} live?" for i in range(0, 50, 5)],
+    "bo": [f"What is project {i} at my studio about?" for i in range(0, 50, 5)],
+}
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def status(server, user: str) -> dict:
+    r = httpx.get(f"{server.base}/status", headers=auth(server.tokens[user]), timeout=30)
+    r.raise_for_status()
+    return r.json()
+
+
+def wait_encoded(server, user: str, facts: int, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        memory = status(server, user)["memory"]
+        if memory["facts"] == facts and memory["not_encoded"] == 0:
+            return
+        time.sleep(0.5)
+    pytest.fail(f"{user}: not encoded in {timeout:.0f} s: {memory}")
+
+
+def remember_all(server, user: str, texts: list[str]) -> list[int]:
+    ids = []
+    with httpx.Client(headers=auth(server.tokens[user]), timeout=60) as client:
+        for text in texts:
+            r = client.post(f"{server.base}/memories", json={"text": text})
+            assert r.status_code == 201, r.text
+            ids.append(r.json()["id"])
+    return ids
+
+
+@pytest.fixture(scope="module")
+def memories(server) -> dict[str, set[int]]:
+    """ana and bo with 50 memories each, all encoded."""
+    ids = {
+        "ana": remember_all(server, "ana", ana_facts()),
+        "bo": remember_all(server, "bo", bo_facts()),
+    }
+    for user in ids:
+        wait_encoded(server, user, 50)
+    return {user: set(v) for user, v in ids.items()}
+
+
+def client(server, user: str) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=server.base, api_key=server.tokens[user], max_retries=0, timeout=600
+    )
+
+
+def model_name(server) -> str:
+    return client(server, "ana").models.list().data[0].id
+
+
+def ask(server, user: str, question: str, stream: bool) -> tuple[str, list[dict]]:
+    """One greedy answer (not logged: ``store=False``) and the memories it used."""
+    api = client(server, user)
+    kwargs = dict(
+        model=model_name(server),
+        messages=[{"role": "user", "content": question}],
+        max_tokens=16,
+        temperature=0,
+        store=False,
+    )
+    if not stream:
+        done = api.chat.completions.create(**kwargs)
+        return done.choices[0].message.content, done.model_extra["memories"]
+    text, memories = [], None
+    for piece in api.chat.completions.create(stream=True, **kwargs):
+        if piece.choices and piece.choices[0].delta.content:
+            text.append(piece.choices[0].delta.content)
+        if piece.model_extra.get("memories") is not None:
+            memories = piece.model_extra["memories"]
+    assert memories is not None, "the last chunk names the memories"
+    return "".join(text), memories
+
+
+def test_concurrent_users_get_their_own_memory_and_the_same_answers(server, memories):
+    alone = {
+        (user, q): ask(server, user, q, stream=False) for user, qs in QUESTIONS.items() for q in qs
+    }
+    jobs = [(user, q, n % 2 == 0) for n in range(5) for user, qs in QUESTIONS.items() for q in qs]
+    assert len(jobs) == 100
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        futures = [(job, pool.submit(ask, server, *job)) for job in jobs]
+        results = [(job, f.result()) for job, f in futures]  # any error fails the test here
+    for (user, question, _), (text, used) in results:
+        other = memories["bo" if user == "ana" else "ana"]
+        injected = {m["id"] for m in used if m["how"] == "injected"}
+        assert len(used) == 10 and injected == {m["id"] for m in used}, used
+        assert injected <= memories[user] and not injected & other
+        assert text == alone[(user, question)][0], (user, question)
+    assert status(server, "ana")["requests_in_engine"] == 0
+
+
+def test_a_client_cannot_name_kv_or_salt(server, memories):
+    """What a client sends never decides which KV is loaded: the fields are refused before
+    anything reaches the engine (the connector's own check is tested in test_signed_loads)."""
+    ana_key = sqlite_keys(server, "ana")[0]
+    forged = {"inferscale": {"v": 1, "entries": [[ana_key, 0, 10]]}}
+    before = status(server, "bo")
+    for field, value in (("kv_transfer_params", forged), ("cache_salt", "inferscale/ana")):
+        r = httpx.post(
+            f"{server.base}/chat/completions",
+            headers=auth(server.tokens["bo"]),
+            json={
+                "model": model_name(server),
+                "messages": [{"role": "user", "content": "hi"}],
+                field: value,
+            },
+        )
+        assert r.status_code == 400 and field in r.json()["error"]["message"]
+    with pytest.raises(openai.BadRequestError):
+        client(server, "bo").chat.completions.create(
+            model=model_name(server),
+            messages=[{"role": "user", "content": "hi"}],
+            extra_body={"kv_transfer_params": forged},
+        )
+    assert status(server, "bo")["memory"] == before["memory"]
+
+
+def sqlite_keys(server, user: str) -> list[str]:
+    with sqlite3.connect(server.data / "memory.db") as db:
+        return [
+            row[0]
+            for row in db.execute(
+                "SELECT k.location FROM kv_entries k JOIN facts f ON f.id = k.fact_id"
+                " JOIN profiles p ON p.id = f.profile_id WHERE p.name = ?",
+                (f"user:{user}",),
+            )
+        ]
+
+
+def test_errors(server, memories):
+    base, model = server.base, model_name(server)
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+    assert httpx.get(f"{base}/models").status_code == 401
+    assert httpx.get(f"{base}/models", headers=auth("isk-wrong")).status_code == 401
+    assert (
+        httpx.post(f"{base}/chat/completions", json=body, headers=auth("nope")).status_code == 401
+    )
+    bo = auth(server.tokens["bo"])
+    ana_fact = min(memories["ana"])
+    assert httpx.get(f"{base}/memories/{ana_fact}", headers=bo).status_code == 404
+    assert httpx.delete(f"{base}/memories/{ana_fact}", headers=bo).status_code == 404
+    r = httpx.get(f"{base}/memories/{ana_fact}", headers=auth(server.tokens["ana"]))
+    assert r.status_code == 200 and r.json()["id"] == ana_fact
+    big = {**body, "messages": [{"role": "user", "content": "x" * (2 << 20)}]}
+    assert httpx.post(f"{base}/chat/completions", json=big, headers=bo).status_code == 413
+    r = httpx.post(f"{base}/chat/completions", content=b'{"model": ', headers=bo)
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    r = httpx.post(f"{base}/chat/completions", json={**body, "temprature": 0}, headers=bo)
+    assert r.status_code == 400 and "temprature" in r.json()["error"]["message"]
+    r = httpx.post(f"{base}/chat/completions", json={**body, "model": "gpt-4o"}, headers=bo)
+    assert r.status_code == 404 and model in r.json()["error"]["message"]
+    with pytest.raises(openai.NotFoundError):
+        client(server, "bo").chat.completions.create(model="gpt-4o", messages=body["messages"])
+
+
+def test_a_client_that_goes_away_aborts_its_request(server, memories):
+    body = {
+        "model": model_name(server),
+        "messages": [{"role": "user", "content": "Count from 1 to 1000, one number a line."}],
+        "max_tokens": 1500,
+        "temperature": 0,
+        "stream": True,
+        "store": False,
+    }
+    aborted = status(server, "cy")["aborted_by_clients"]
+    with httpx.stream(
+        "POST",
+        f"{server.base}/chat/completions",
+        json=body,
+        headers=auth(server.tokens["cy"]),
+        timeout=60,
+    ) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(8)]  # a few pieces of a long reply, then hang up
+    assert any('"content"' in line for line in got)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        now = status(server, "cy")
+        if now["requests_in_engine"] == 0 and now["aborted_by_clients"] > aborted:
+            return
+        time.sleep(0.2)
+    pytest.fail(f"the request still ran after the client left: {now}")
+
+
+def test_logs_hold_no_memory_text(server, memories):
+    text = server.log.read_text(errors="replace")
+    leaked = [fact for fact in ana_facts() + bo_facts() if fact in text]
+    assert not leaked, leaked[:3]
+
+
+def test_kill9_during_encoding_loses_and_duplicates_nothing(server, memories):
+    facts = [f"Cy's recipe {i} needs {TOPICS[i % 8]} and {CITIES[i % 10]} salt." for i in range(50)]
+    remember_all(server, "cy", facts)
+    assert status(server, "cy")["memory"]["not_encoded"] > 0, "killed while encoding"
+    gone_s = server.kill9()
+    server.start()
+    wait_encoded(server, "cy", 50)
+    r = httpx.get(f"{server.base}/memories/export", headers=auth(server.tokens["cy"]))
+    texts = [f["text"] for f in r.json()["facts"]]
+    assert sorted(texts) == sorted(facts)  # none lost, none twice
+    keys = sqlite_keys(server, "cy")
+    assert len(keys) == len(set(keys)) == 50
+    store = next((server.data / "kv").iterdir())
+    assert all(list(store.glob(f"{key}.*")) for key in keys), "an entry file is missing"
+    assert gone_s < 60
