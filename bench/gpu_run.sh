@@ -12,6 +12,8 @@
 #                                 inferscale-assistant bench locomo --sample 1540 \
 #                                     --export-retrieval .gpu/data/locomo-retrieval-all.json
 #                                 and the gguf package in .gpu/pydeps (pip install --target)
+#   for SERVE=1 also:             the pure-Python HTTP stack, used where the image lacks it (uvicorn
+#                                 h11 httpx httpcore anyio sniffio certifi idna) in .gpu/servedeps
 #   for ENCODE=1 also:            mkdir -p .gpu/data && cp ../shared/data/locomo/locomo10.json .gpu/data/
 #                                 and the pure-Python deps of the fact log in .gpu/pydeps (pip
 #                                 install --target: sqlite-utils sqlite-fts4 click python-dateutil
@@ -34,7 +36,9 @@
 # the tail-recompute sweep: LOCOMO_ARGS="--sample 200 --batch 100 --w 20a --k 5,20,50 --r 0,1,2,4,8",
 # cells inject_w20a_r<r>@k<k>, r >= k skipped; r=0 alone, the default, is the plain injection);
 # PROBE=0 the load's parts and the host tier's copies, outside vLLM (load_probe.py);
-# APP=0 the whole app path on the 8B shape within 24 GiB (app_path.py; APP_ARGS).
+# APP=0 the whole app path on the 8B shape within 24 GiB (app_path.py; APP_ARGS);
+# SERVE=0 the HTTP server (serve_http.py; SERVE_ARGS): 100 users at k=50 over HTTP, inject vs
+# prompt through the same server (with SUITE_PARTS=throughput: the in-process figure, same run).
 # Results: $OUT/*.json and the logs.
 set -u
 KIT=${KIT:-.gpu}
@@ -76,6 +80,11 @@ if [ "${APP:-0}" = 1 ]; then  # the whole app path on one copy of the 8B shape, 
     timeout "${APP_TIMEOUT:-420}" python3 -m bench.app_path "$OUT" --dummy-config llama-3.1-8b \
         --tokenizer "$KIT/tok" ${APP_ARGS:---old-design} > "$OUT/app.log" 2>&1
     echo "app rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/app.log" | tail -8
+fi
+if [ "${SERVE:-0}" = 1 ]; then  # the HTTP server under 100 users (serve_http.py)
+    SERVE_PROFILE=${SERVE_PROFILE:-} PYTHONPATH="$PYTHONPATH:$(pwd)/$KIT/pydeps:$(pwd)/$KIT/servedeps" timeout "${SERVE_TIMEOUT:-480}" python3 -m bench.serve_http \
+        "$OUT" --dummy-config llama-3.1-8b --tokenizer "$KIT/tok" ${SERVE_ARGS:-} > "$OUT/serve.log" 2>&1
+    echo "serve rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/serve.log" | tail -14
 fi
 if [ "${RETRIEVAL:-0}" = 1 ]; then
     [ -d /tmp/site-cuvs ] || bash "$KIT/cuvs/device.sh" install > "$OUT/cuvs-install.log" 2>&1

@@ -10,9 +10,10 @@ ever dropped while encoding catches up.
 from __future__ import annotations
 
 import queue
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
+from typing import Any
 
 from inferscale_core.composer import ComposedPrompt, EmptyTurn, fact_line
 from inferscale_core.context_window import ANCHORED, encoding_version
@@ -102,6 +103,7 @@ class PreparedTurn:
     cache_salt: str | None = None  # of a plain prompt (prompt injection) on a server
     max_tokens: int = 512  # of the reply
     sampling: Sampling = GREEDY
+    k: int = 0  # memories asked for
 
 
 class Session:
@@ -221,14 +223,19 @@ class Session:
         history: list[tuple[str, str]] | None = None,
         max_tokens: int | None = None,
         sampling: Sampling | None = None,
+        k: int | None = None,
+        mode: str | None = None,
     ) -> PreparedTurn:
         """Retrieve, fit and compose the request for ``text``; log the user's turn (``log``).
         ``history``: ``(role, text)`` turns to use instead of the conversation's own;
-        ``max_tokens`` and ``sampling``: this reply's, instead of the session's."""
+        ``max_tokens``, ``sampling``, ``k`` and ``mode`` ("inject" or "prompt"): this
+        reply's, instead of the session's."""
         if not text.strip():
             raise EmptyTurn()
         self._apply_changes()
-        hits = self.retriever.search(self.profile_id, text, self.config.k) if self.config.k else []
+        k = self.config.k if k is None else k
+        mode = mode or self.config.mode
+        hits = self.retriever.search(self.profile_id, text, k) if k else []
         layout = self.builder.layout
         by_rank = sorted(hits, key=lambda h: h.rank)  # the best first (hits: prompt order)
         if history is None:
@@ -249,15 +256,16 @@ class Session:
             if log and conversation_id is not None
             else None
         )
-        reply = Reply(conversation_id, mode=self.config.mode, user_turn_id=user_turn_id)
+        reply = Reply(conversation_id, mode=mode, user_turn_id=user_turn_id)
         reply.trimmed = fit.describe()
         turn = PreparedTurn(
             reply,
             [],
             max_tokens=max_tokens or self.config.max_tokens,
             sampling=sampling or self.config.sampling,
+            k=k,
         )
-        if self.config.mode == "prompt":
+        if mode == "prompt":
             memory = [MemoryFact(h.fact.text, h.fact.refers_to) for h in hits]
             turn.prompt = self.builder.prompt_injection_ids(memory, text, history)
             if self.builder.salt_scope:  # a server's user: no prefix-cache blocks shared
@@ -279,28 +287,54 @@ class Session:
     def generate(self, turn: PreparedTurn) -> Iterator[tuple[str, Reply]]:
         """Stream the reply to a prepared turn: ``(delta, reply so far)``. Closing the
         iterator early aborts the engine's request."""
-        reply = turn.reply
-        if self.worker is not None:
-            self.worker.pause()
-        guard = LoopGuard() if self.config.loop_guard else None
-        salt = {"cache_salt": turn.cache_salt} if turn.cache_salt else {}
-        stream = self.engine.stream(
-            turn.prompt,
-            max_tokens=turn.max_tokens,
-            **salt,
-            **turn.sampling.engine_kwargs(),
-        )
+        reply, guard = turn.reply, self._begin()
+        stream = self.engine.stream(turn.prompt, **self._request_kwargs(turn))
         try:
             for delta, result in stream:
                 reply.text, reply.result = result.text, result
                 yield delta, reply
-                if guard is not None and guard.feed(result.text):
-                    reply.stopped = "loop"
+                if self._looping(reply, guard):
                     break
         finally:
             stream.close()  # a reply stopped early: the engine aborts its request
-            if self.worker is not None:
-                self.worker.resume()
+            self._end()
+
+    async def agenerate(self, turn: PreparedTurn) -> AsyncIterator[tuple[str, Reply]]:
+        """:meth:`generate` on an engine's event loop (``astream``: the serving engine), for
+        a server running on that loop: no thread between the engine and the client."""
+        reply, guard = turn.reply, self._begin()
+        stream = self.engine.astream(turn.prompt, **self._request_kwargs(turn))  # type: ignore[attr-defined]
+        try:
+            async for delta, result in stream:
+                reply.text, reply.result = result.text, result
+                yield delta, reply
+                if self._looping(reply, guard):
+                    break
+        finally:
+            await stream.aclose()  # stopped early (or the client went away): aborted
+            self._end()
+
+    def _begin(self) -> LoopGuard | None:
+        if self.worker is not None:
+            self.worker.pause()
+        return LoopGuard() if self.config.loop_guard else None
+
+    def _end(self) -> None:
+        if self.worker is not None:
+            self.worker.resume()
+
+    @staticmethod
+    def _request_kwargs(turn: PreparedTurn) -> dict[str, Any]:
+        salt = {"cache_salt": turn.cache_salt} if turn.cache_salt else {}
+        return {"max_tokens": turn.max_tokens, **salt, **turn.sampling.engine_kwargs()}
+
+    @staticmethod
+    def _looping(reply: Reply, guard: LoopGuard | None) -> bool:
+        """True when the loop guard stops the reply (it began repeating itself)."""
+        if guard is not None and guard.feed(reply.text):
+            reply.stopped = "loop"
+            return True
+        return False
 
     def finish(self, turn: PreparedTurn) -> Reply:
         """Settle how each memory went in, and log the reply with its details (if the user's
@@ -318,9 +352,7 @@ class Session:
                 ReplyMemory(f.fact_id, f.text, f.refers_to, f.score, f.how, f.tier)
                 for f in reply.facts
             ]
-            details = ReplyDetails.of(
-                reply.result, reply.mode, self.config.k, memories, reply.notes
-            )
+            details = ReplyDetails.of(reply.result, reply.mode, turn.k, memories, reply.notes)
             with self.factlog.transaction():  # the turn and what it used, together
                 reply.assistant_turn_id = self.factlog.append_turn(
                     reply.conversation_id,

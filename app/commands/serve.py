@@ -71,10 +71,8 @@ def run_users(args: argparse.Namespace, console: Console) -> int:
 
 
 def run_serve(args: argparse.Namespace, console: Console) -> int:
-    import uvicorn
-
     from app.serve.hub import Hub
-    from app.serve.server import create_app
+    from app.serve.server import create_app, run_server
     from app.serve.users import Users
     from app.startup import quiet_engine_logs
     from app.user_config import load_config
@@ -103,14 +101,7 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
         " (OpenAI-compatible; Ctrl+C stops)"
     )
     try:
-        uvicorn.run(
-            app,
-            host=args.host,
-            port=args.port,
-            log_level="info" if args.verbose else "warning",
-            access_log=args.verbose,
-            timeout_graceful_shutdown=5,
-        )
+        run_server(app, assistant.engine, args.host, args.port, verbose=args.verbose)
     finally:
         hub.close()
         close = getattr(assistant.engine, "close", None)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -46,6 +46,10 @@ class Desk:
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` on this user's memory thread and wait for it (from any thread)."""
         return self._thread.submit(fn, *args).result()
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """Queue ``fn(*args)`` on this user's memory thread."""
+        return self._thread.submit(fn, *args)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """:meth:`call` for a coroutine (the server's handlers)."""

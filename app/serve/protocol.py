@@ -47,6 +47,14 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
+class MemoryOptions(Strict):
+    """An extension of ours (``"memory": {...}``): how this request uses the user's memory.
+    It chooses how many of the user's own facts and how they go in, never which entries."""
+
+    mode: Literal["inject", "prompt", "none"] = "inject"  # prompt: the facts as text
+    k: int | None = Field(default=None, ge=0, le=200)  # None: the server's setting
+
+
 class ChatRequest(Strict):
     model: str
     messages: list[Message] = Field(min_length=1)
@@ -60,6 +68,7 @@ class ChatRequest(Strict):
     # OpenAI's "store": False answers without logging the exchange to the user's memory.
     store: bool = True
     user: str | None = None  # accepted (OpenAI clients send it); the token decides the user
+    memory: MemoryOptions = Field(default_factory=MemoryOptions)
 
     @model_validator(mode="before")
     @classmethod

@@ -22,9 +22,9 @@ memory, 413 a body over the limit. Logs hold requests' paths and statuses, never
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1 << 20  # a chat request (1 MiB holds a long conversation)
 MAX_IMPORT_BYTES = 256 << 20  # an export file
-GENERATION_THREADS = 512  # replies streaming at once (each waits on the engine)
+OPENING_THREADS = 8  # users' desks opened at once (each loads its index); replies need none
 
 
 class _TooLarge(Exception):
@@ -138,7 +138,7 @@ def create_app(
     """The server's ASGI app over ``hub`` (its users' desks and the engine)."""
     app = FastAPI(title="InferScale assistant", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, limit=max_body_bytes, import_limit=max_import_bytes)
-    pool = ThreadPoolExecutor(GENERATION_THREADS, thread_name_prefix="reply")
+    pool = ThreadPoolExecutor(OPENING_THREADS, thread_name_prefix="open-desk")
     app.state.users, app.state.hub, app.state.pool = users, hub, pool
     engine: Any = hub.assistant.engine
 
@@ -165,8 +165,7 @@ def create_app(
     async def status(desk: DeskDep) -> dict[str, Any]:
         """The engine's requests in flight, and the caller's memory: facts, and how many
         still wait to be encoded."""
-        loop = asyncio.get_running_loop()
-        in_engine = await loop.run_in_executor(pool, engine.unfinished_requests)
+        in_engine = engine.unfinished_requests()  # on the engine's loop: read directly
         facts, waiting = await desk.run(_memory_counts, desk)
         return {
             "requests_in_engine": in_engine,
@@ -188,9 +187,8 @@ def create_app(
             raise ApiError(400, str(exc)) from None
         turn = await desk.run(_prepare, desk, body, question, history)
         ident = completion_id()
-        loop = asyncio.get_running_loop()
         if not body.stream:
-            reply = await loop.run_in_executor(pool, _answer, desk, turn, None, None)
+            reply = await _answer(desk, turn)
             return completion(
                 ident,
                 model_name,
@@ -200,13 +198,32 @@ def create_app(
                 _memories(reply),
             )
         return StreamingResponse(
-            _events(loop, pool, desk, turn, ident, model_name, body),
+            _events(desk, turn, ident, model_name, body),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-store"},
         )
 
     memory_routes.add(app, inbox)
     return app
+
+
+def run_server(app: FastAPI, engine: Any, host: str, port: int, *, verbose: bool = False) -> None:
+    """Serve ``app`` with uvicorn on the serving engine's event loop (``ServingEngine.run``):
+    each reply goes from vLLM's output handler to its client with no thread in between.
+    Returns when the server stops (Ctrl+C)."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="info" if verbose else "warning",
+        access_log=verbose,
+        timeout_graceful_shutdown=5,
+    )
+    server = uvicorn.Server(config)
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl+C: stop serving, then close
+        engine.run(server.serve())
 
 
 def _memory_counts(desk: Desk) -> tuple[int, int]:
@@ -237,55 +254,47 @@ def _prepare(
             history=history,
             max_tokens=body.reply_tokens,
             sampling=sampling,
+            k=0 if body.memory.mode == "none" else body.memory.k,
+            mode="prompt" if body.memory.mode == "prompt" else "inject",
         )
     except TurnRejected as exc:
         raise ApiError(400, str(exc)) from None
 
 
-def _answer(
-    desk: Desk,
-    turn: PreparedTurn,
-    on_delta: Any,
-    cancelled: threading.Event | None,
-) -> Reply:
-    """On a reply thread: stream the reply (``on_delta(text)`` per piece), stop early when
-    ``cancelled`` is set (the engine then aborts the request), then log it on the user's
-    memory thread."""
+async def _answer(desk: Desk, turn: PreparedTurn, on_delta: Any = None) -> Reply:
+    """Stream the reply on the engine's loop (``on_delta(text)`` per piece; the first token
+    at once, even before it makes text), then log it on the user's memory thread. A caller
+    cancelled mid-reply (a client gone) aborts the engine's request; the reply so far is
+    logged all the same."""
+    first = True
     try:
-        for delta, _ in desk.session.generate(turn):
-            if cancelled is not None and cancelled.is_set():
-                break
-            if delta and on_delta is not None:
-                on_delta(delta)
+        async with contextlib.aclosing(desk.session.agenerate(turn)) as replies:
+            async for delta, _ in replies:
+                if (delta or first) and on_delta is not None:
+                    await on_delta(delta)
+                    first = False
     finally:
-        reply = desk.call(desk.session.finish, turn)
-    return reply
+        finishing = asyncio.wrap_future(desk.submit(desk.session.finish, turn))
+    return await finishing
 
 
 async def _events(
-    loop: asyncio.AbstractEventLoop,
-    pool: ThreadPoolExecutor,
-    desk: Desk,
-    turn: PreparedTurn,
-    ident: str,
-    model: str,
-    body: ChatRequest,
+    desk: Desk, turn: PreparedTurn, ident: str, model: str, body: ChatRequest
 ) -> AsyncIterator[str]:
-    """Server-sent events of one streamed reply; a client that goes away cancels this
-    generator, which stops the reply (and so the engine's request)."""
+    """Server-sent events of one streamed reply. A client that goes away cancels this
+    generator, and so the reply (its engine request is aborted)."""
     pieces: asyncio.Queue[str | None] = asyncio.Queue()
-    cancelled = threading.Event()
 
-    def on_delta(text: str) -> None:
-        loop.call_soon_threadsafe(pieces.put_nowait, text)
+    async def on_delta(text: str) -> None:
+        await pieces.put(text)
 
-    def run() -> Reply:
+    async def run() -> Reply:
         try:
-            return _answer(desk, turn, on_delta, cancelled)
+            return await _answer(desk, turn, on_delta)
         finally:
-            loop.call_soon_threadsafe(pieces.put_nowait, None)
+            await pieces.put(None)
 
-    task = loop.run_in_executor(pool, run)
+    task = asyncio.ensure_future(run())
     try:
         yield _sse(chunk(ident, model, {"role": "assistant", "content": ""}))
         while (text := await pieces.get()) is not None:
@@ -302,7 +311,7 @@ async def _events(
         yield _sse(chunk(ident, model, {}, _finish_reason(reply), **extra))
         yield "data: [DONE]\n\n"
     finally:
-        cancelled.set()  # a client gone mid-stream: the reply thread stops and aborts
+        task.cancel()  # a client gone mid-stream: the reply stops, its request is aborted
 
 
 def _sse(payload: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ import hmac
 import os
 import re
 import secrets
+import sqlite3
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -52,7 +53,8 @@ class Users:
         os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
         os.chmod(path, 0o600)
         self.path = path
-        self.db = Database(path)
+        # Made on the main thread, used on the server's event loop (one thread at a time).
+        self.db = Database(sqlite3.connect(path, check_same_thread=False))
         self.db.execute(
             "CREATE TABLE IF NOT EXISTS users (name TEXT PRIMARY KEY, token_sha256 TEXT NOT NULL"
             " UNIQUE, secret TEXT NOT NULL, created_at TEXT NOT NULL)"

@@ -84,7 +84,14 @@ class InferScaleConnector(KVConnectorBase_V1):
                 )
             )
             block_size = vllm_config.cache_config.block_size
-            self._scheduler = InjectionScheduler(store, fingerprint, block_size, refusal=refusal)
+            key = extra.get("request_key")
+            self._scheduler = InjectionScheduler(
+                store,
+                fingerprint,
+                block_size,
+                refusal=refusal,
+                request_key=bytes.fromhex(key) if key else None,
+            )
         elif spec is not None:  # an unsupported model gets no loads: the scheduler refuses
             self._worker = InjectionWorker(vllm_config, store, spec, extra.get("kv_write", "auto"))
 

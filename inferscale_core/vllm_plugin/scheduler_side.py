@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from inferscale_core.composer import KV_PARAMS_KEY
 from inferscale_core.kvstore import KVStore
 from inferscale_core.load_plan import LoadPlan, Refused, plan_load, request_captures
+from inferscale_core.request_signing import signature_error
 from inferscale_core.vllm_plugin.metadata import InjectionMetadata, LoadOp, SaveOp
 
 if TYPE_CHECKING:
@@ -44,9 +45,16 @@ class InjectionScheduler:
     """Validates each memory request against the store; plans synchronous loads."""
 
     def __init__(
-        self, store: KVStore, fingerprint: str, block_size: int, refusal: str | None = None
+        self,
+        store: KVStore,
+        fingerprint: str,
+        block_size: int,
+        refusal: str | None = None,
+        request_key: bytes | None = None,
     ) -> None:
         self.store = store
+        # Set by a server: loads and captures need params it signed (request_signing.py).
+        self.request_key = request_key
         self.fingerprint = fingerprint
         self.block_size = block_size
         # Set when this engine cannot serve injected KV exactly (see connector.injection_refusal
@@ -64,6 +72,11 @@ class InjectionScheduler:
         state = self._requests.setdefault(request.request_id, _RequestState())
         state.plan, state.refused = None, None
         state.computed_before = num_computed_tokens
+        unsigned = self._unsigned(request)
+        if unsigned is not None:
+            state.refused = unsigned
+            log.warning("request %s: %s", request.request_id, unsigned)
+            return 0, False
         self._note_captures(request, state)
         if self.refusal is not None and KV_PARAMS_KEY in (request.kv_transfer_params or {}):
             state.refused = self.refusal  # said once, when the engine started
@@ -91,6 +104,16 @@ class InjectionScheduler:
         # Where each entry is now, as this process's store sees it (for the memory panel).
         state.tiers = self.store.fastest_tiers(plan.entry_keys)
         return plan.num_tokens, False
+
+    def _unsigned(self, request: Request) -> str | None:
+        """Why the request's params may not be used (a key is set and they are not signed
+        with it for the request's cache salt), or None."""
+        ours = (request.kv_transfer_params or {}).get(KV_PARAMS_KEY)
+        if self.request_key is None or ours is None:
+            return None
+        if not isinstance(ours, dict):
+            return "malformed kv_transfer_params"
+        return signature_error(ours, self.request_key, getattr(request, "cache_salt", None))
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int

@@ -20,12 +20,14 @@ prompts first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import queue
+import secrets
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -52,11 +54,15 @@ class ServingEngine:
 
     def __init__(self, options: EngineOptions) -> None:
         on_gpu = prepare_environment(options, multiprocessing=True)
+        if on_gpu:  # this process may have touched CUDA already: a forked engine could not
+            os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         # The engine core (a child of this process) goes when this process does, even by
         # kill -9 (lifetime.py); the connector there reads this pid.
-        options = replace(
-            options, connector_extra={**options.connector_extra, "parent_pid": os.getpid()}
-        )
+        # Loads and captures only this process asked for: its params are signed with a key
+        # only vLLM's processes and this one know (request_signing.py).
+        self._request_key = secrets.token_bytes(32)
+        extra = {"parent_pid": os.getpid(), "request_key": self._request_key.hex()}
+        options = replace(options, connector_extra={**options.connector_extra, **extra})
         self.options = options
         self.fingerprint = options.fingerprint
         self._kwargs = engine_arguments(options, on_gpu)
@@ -105,7 +111,10 @@ class ServingEngine:
         return int(self.llm.vllm_config.scheduler_config.max_num_batched_tokens)
 
     def unfinished_requests(self) -> int:
-        """Requests vLLM still tracks (0 once every reader finished or went away)."""
+        """Requests vLLM still tracks (0 once every reader finished or went away); call it
+        on this engine's loop (:meth:`run`) or any other thread."""
+        if threading.current_thread() is self._thread:
+            return int(self.llm.output_processor.get_num_unfinished_requests())
         return int(self._call(self._unfinished()).result())
 
     async def _unfinished(self) -> int:
@@ -120,7 +129,9 @@ class ServingEngine:
         priority: int,
         **sampling: Any,
     ) -> tuple[str, queue.SimpleQueue[Any], GenerationResult, float]:
-        tokens_prompt, kv_params = request_inputs(prompt, inject, cache_salt, self.fingerprint)
+        tokens_prompt, kv_params = request_inputs(
+            prompt, inject, cache_salt, self.fingerprint, self._request_key
+        )
         params = sampling_params(kv_params, **sampling)
         request_id = f"inferscale-{next(self._ids)}"
         result = GenerationResult(request_id, len(tokens_prompt["prompt_token_ids"]))
@@ -184,8 +195,9 @@ class ServingEngine:
         top_k: int = 0,
         repetition_penalty: float = 1.0,
     ) -> Iterator[tuple[str, GenerationResult]]:
-        """As ``VllmEngine.stream``: ``(text delta, running result)``; closing it early aborts
-        the request in the engine (its blocks are freed)."""
+        """As ``VllmEngine.stream``: ``(text delta, running result)`` for every step that
+        produced tokens (the delta may be "" when they make no text yet); closing it early
+        aborts the request in the engine (its blocks are freed)."""
         request_id, outputs, result, t0 = self._submit(
             prompt,
             inject,
@@ -210,12 +222,58 @@ class ServingEngine:
                 at, output = item
                 delta = absorb(result, output, t0, at)
                 finished = output.finished
-                if delta or finished:
+                # Every step with new tokens, text or not (a server streams the first token
+                # at once, even when it is part of a character still to complete).
+                if delta or finished or output.outputs[0].token_ids:
                     yield delta, result
         finally:
             if not finished:
                 self.aborted += 1
                 self.abort([request_id])
+
+    async def astream(
+        self,
+        prompt: ComposedPrompt | Sequence[int],
+        *,
+        inject: bool = True,
+        cache_salt: str | None = None,
+        priority: int = CHAT_PRIORITY,
+        **sampling: Any,
+    ) -> AsyncIterator[tuple[str, GenerationResult]]:
+        """:meth:`stream` for a coroutine on this engine's event loop (:meth:`run`): vLLM's
+        outputs reach the caller with no thread in between. Leaving the iteration early (or
+        being cancelled: a client gone) aborts the request."""
+        defaults = {"max_tokens": 256, "temperature": 0.0, "logprobs": None, "stop": None}
+        sampling = {**defaults, "prompt_logprobs": None, **sampling}
+        tokens_prompt, kv_params = request_inputs(
+            prompt, inject, cache_salt, self.fingerprint, self._request_key
+        )
+        params = sampling_params(kv_params, **sampling)
+        request_id = f"inferscale-{next(self._ids)}"
+        result = GenerationResult(request_id, len(tokens_prompt["prompt_token_ids"]))
+        t0 = time.perf_counter()
+        finished = False
+        outputs = self.llm.generate(tokens_prompt, params, request_id, priority=priority)
+        try:
+            async with contextlib.aclosing(outputs):  # closed at once when we stop
+                async for output in outputs:
+                    delta = absorb(result, output, t0, time.perf_counter())
+                    finished = output.finished
+                    if delta or finished or output.outputs[0].token_ids:
+                        yield delta, result
+        finally:
+            if not finished:  # vLLM aborts it as its generator closes; counted here
+                self.aborted += 1
+
+    def run(self, coroutine: Any) -> Any:
+        """Run ``coroutine`` on this engine's event loop (e.g. the HTTP server, whose
+        handlers then call :meth:`astream`) and wait for it. Ctrl+C cancels it."""
+        future = self._call(coroutine)
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            future.cancel()
+            raise
 
     def generate(self, prompt: ComposedPrompt | Sequence[int], **kwargs: Any) -> GenerationResult:
         final = None

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inferscale_core.composer import ComposedPrompt
+from inferscale_core.composer import KV_PARAMS_KEY, ComposedPrompt
 from inferscale_core.engine import CHAT_PRIORITY
+from inferscale_core.request_signing import sign
 from inferscale_core.types import GenerationResult
 from inferscale_core.vllm_plugin.driver import DONE, EngineDriver, RequestFailed
 
@@ -166,14 +167,21 @@ def sampling_params(
 
 
 def request_inputs(
-    prompt: ComposedPrompt | Sequence[int], inject: bool, cache_salt: str | None, fingerprint: str
+    prompt: ComposedPrompt | Sequence[int],
+    inject: bool,
+    cache_salt: str | None,
+    fingerprint: str,
+    request_key: bytes | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """``(tokens prompt, kv_transfer_params)`` of a request: a composed memory request names
-    its entries (when ``inject``) and its cache salt; plain ids are a prompt of their own."""
+    its entries (when ``inject``) and its cache salt; plain ids are a prompt of their own.
+    With ``request_key`` the params are signed for the salt (``request_signing``)."""
     composed = prompt if isinstance(prompt, ComposedPrompt) else None
     prompt_ids = list(composed.prompt_ids) if composed else list(prompt)  # type: ignore[arg-type]
     kv_params = composed.kv_transfer_params(fingerprint) if composed and inject else None
     salt = cache_salt if cache_salt is not None else (composed.cache_salt if composed else None)
+    if kv_params is not None and request_key is not None:
+        sign(kv_params[KV_PARAMS_KEY], request_key, salt or None)
     tokens_prompt: dict[str, Any] = {"prompt_token_ids": prompt_ids}
     if salt:
         tokens_prompt["cache_salt"] = salt
@@ -195,6 +203,9 @@ class VllmEngine:
         self.startup_s = time.perf_counter() - t0
         self._engine = self.llm.llm_engine
         self._driver = EngineDriver(self._engine)  # the one thread that steps it
+        # In-process the app is the engine's only client: its params go unsigned (a key
+        # here must be the connector's request_key, request_signing.py).
+        self.request_key: bytes | None = None
         self._ids = itertools.count()
 
     @property
@@ -256,7 +267,9 @@ class VllmEngine:
         **sampling: Any,
     ) -> tuple[str, Any, GenerationResult, float]:
         """Hand one request to the driver: ``(id, its output queue, empty result, t0)``."""
-        tokens_prompt, kv_params = request_inputs(prompt, inject, cache_salt, self.fingerprint)
+        tokens_prompt, kv_params = request_inputs(
+            prompt, inject, cache_salt, self.fingerprint, self.request_key
+        )
         params = sampling_params(kv_params, **sampling)
         request_id = f"inferscale-{next(self._ids)}"
         result = GenerationResult(request_id, len(tokens_prompt["prompt_token_ids"]))

@@ -11,6 +11,8 @@ import httpx
 import openai
 import pytest
 
+from tests.importers._helpers import FIXTURES
+
 NAMES = [
     f"{a}{b}" for a in ("Ka", "Lo", "Mi", "Nu", "Pe") for b in ("ran", "tis", "vel", "dor", "mex")
 ]
@@ -219,6 +221,23 @@ def test_a_client_that_goes_away_aborts_its_request(server, memories):
             return
         time.sleep(0.2)
     pytest.fail(f"the request still ran after the client left: {now}")
+
+
+def test_import_an_export_and_quarantine_a_broken_one(server, memories):
+    base, cy = server.base, auth(server.tokens["cy"])
+    export = (FIXTURES / "chatgpt" / "conversations.json").read_bytes()
+    url = f"{base}/memories/import?filename=conversations.json"
+    r = httpx.post(url, content=export, headers=cy, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "imported" and r.json()["turns_added"] > 0
+    again = httpx.post(url, content=export, headers=cy, timeout=120).json()
+    assert again["status"] == "skipped" and again["turns_added"] == 0  # once only
+    broken = f"{base}/memories/import?filename=broken.json"
+    r = httpx.post(broken, content=b'[{"mapping": ', headers=cy)
+    assert r.status_code == 422 and "not imported" in r.json()["error"]["message"]
+    quarantine = server.data / "inbox" / "cy" / "quarantine"
+    assert sorted(p.name for p in quarantine.iterdir()) == ["broken.json", "broken.json.reason.txt"]
+    assert (quarantine / "broken.json.reason.txt").read_text().strip()
 
 
 def test_logs_hold_no_memory_text(server, memories):
