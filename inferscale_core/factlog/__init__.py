@@ -26,10 +26,11 @@ Decisions:
   source's ``datetime.isoformat()`` verbatim: an aware time keeps its original offset (the
   user's local day matters for dates facts refer to), a naive one stays naive (zone unknown).
   Turns are ordered by ``idx``, never by timestamp. ``facts.refers_to`` is ``YYYY-MM-DD``.
-* Forgetting: a forgotten fact's ``text`` becomes "", its ``kv_entries`` and
-  ``fact_embeddings`` rows are deleted, its ``facts_fts`` entry too (by trigger), and its text
-  is blanked in the stored details of the replies that used it (``reply_memories``), in the
-  same transaction (the caller deletes the tensors under the returned keys). It is never
+* Forgetting: a forgotten fact's ``text`` (and ``search_context``) becomes "", its
+  ``kv_entries`` and ``fact_embeddings`` rows are deleted, its ``facts_fts`` entry too (by
+  trigger), and its text is blanked in the stored details of the replies that used it
+  (``reply_memories``), in the same transaction (the caller deletes the tensors under the
+  returned keys). It is never
   returned by :meth:`FactLog.active_facts`, :meth:`FactLog.facts_without_kv`,
   :meth:`FactLog.embeddings` or :meth:`FactLog.keyword_search`, and :meth:`FactLog.record_kv`
   and :meth:`FactLog.store_embedding` refuse it. Trade-off: the text survives in the audit trail

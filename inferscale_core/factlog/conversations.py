@@ -14,6 +14,7 @@ from typing import Any
 
 from inferscale_core.context_window import first_context_turn
 from inferscale_core.factlog._base import FactLogBase, like_pattern, parse_dt, utc_now
+from inferscale_core.factlog.fulltext import search_context
 from inferscale_core.types import Conversation, ConversationInfo, Turn
 
 logger = logging.getLogger(__name__)
@@ -139,16 +140,30 @@ class ConversationsMixin(FactLogBase):
         """Delete a conversation and its turns in one transaction; return how many turns went.
 
         The facts extracted from it stay in the memory (forget them in the memory browser);
-        their ``source_turn_ids`` then name turns that no longer exist. A deleted imported
-        conversation comes back only if its export is imported again under a new file hash.
+        their ``source_turn_ids`` then name turns that no longer exist, and the turns it held
+        leave their keyword search context (:func:`~inferscale_core.factlog.fulltext.
+        search_context`: only the date words stay). A deleted imported conversation comes back
+        only if its export is imported again under a new file hash.
         """
         with self.transaction():
             if self._one("SELECT 1 FROM conversations WHERE id = ?", (conversation_id,)) is None:
                 raise KeyError(f"no conversation {conversation_id}")
+            quoting = self.db.execute(
+                "SELECT id, refers_to FROM facts"
+                " WHERE profile_id = (SELECT profile_id FROM conversations WHERE id = ?)"
+                " AND search_context <> '' AND json_extract(source_turn_ids, '$[0]') IN"
+                " (SELECT id FROM turns WHERE conversation_id = ?)",
+                (conversation_id, conversation_id),
+            ).fetchall()
             turns = self.db.execute(
                 "DELETE FROM turns WHERE conversation_id = ?", (conversation_id,)
             ).rowcount
             self.db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+            for fact_id, refers_to in quoting:  # the index follows (trigger)
+                self.db.execute(
+                    "UPDATE facts SET search_context = ? WHERE id = ?",
+                    (search_context(self.db, refers_to, ()), fact_id),
+                )
         return turns
 
     # -- reading conversations --------------------------------------------------------------
@@ -257,6 +272,15 @@ class ConversationsMixin(FactLogBase):
             (conversation_id, n),
         ).fetchall()
         return [_turn_from_row(r)[1] for r in reversed(rows)]
+
+    def speakers(self, profile_id: int, after_id: int = 0) -> dict[str, int]:
+        """``{speaker: their last turn id}`` over the profile's turns with id > ``after_id``
+        (the people a question may name; pass the largest id seen to read only what is new)."""
+        rows = self.db.execute(
+            "SELECT speaker, max(id) FROM turns WHERE profile_id = ? AND id > ? GROUP BY speaker",
+            (profile_id, after_id),
+        ).fetchall()
+        return {speaker: last for speaker, last in rows}
 
     def get_turns(self, turn_ids: Iterable[int]) -> list[tuple[int, Turn]]:
         """The turns with these ids (e.g. a fact's ``source_turn_ids``), by id."""

@@ -24,11 +24,14 @@ from inferscale_core.factlog._base import (
 )
 from inferscale_core.factlog.audit import AuditMixin
 from inferscale_core.factlog.embeddings import EmbeddingsMixin
+from inferscale_core.factlog.fulltext import search_context
 from inferscale_core.factlog.kv_index import KVIndexMixin
 from inferscale_core.factlog.replies import ReplyDetailsMixin
 from inferscale_core.types import Fact
 
 logger = logging.getLogger(__name__)
+
+_IN_BATCH = 500  # ids per "IN (...)" query (SQLite allows 32,766 parameters; stay far below)
 
 
 def _refers_to_text(refers_to: date | str | None) -> str | None:
@@ -186,7 +189,8 @@ class FactsMixin(AuditMixin, KVIndexMixin, EmbeddingsMixin, ReplyDetailsMixin):
                 return self._drop_kv(fact_id)
             now = utc_now()
             self.db.execute(
-                "UPDATE facts SET status = 'forgotten', text = '', updated_at = ? WHERE id = ?",
+                "UPDATE facts SET status = 'forgotten', text = '', search_context = '',"
+                " updated_at = ? WHERE id = ?",
                 (now, fact_id),
             )
             self._audit(profile_id, fact_id, "forget", cause, text, None, now)
@@ -214,10 +218,22 @@ class FactsMixin(AuditMixin, KVIndexMixin, EmbeddingsMixin, ReplyDetailsMixin):
         supersedes: int | None,
         now: str,
     ) -> int:
+        context = search_context(self.db, refers_to, turn_ids)
         return self.db.execute(
             "INSERT INTO facts (profile_id, text, text_hash, refers_to, source_turn_ids, status,"
-            " supersedes, created_at, updated_at) VALUES (?, ?, ?, ?, ?, 'active', ?, ?, ?)",
-            (profile_id, text, text_hash, refers_to, json.dumps(turn_ids), supersedes, now, now),
+            " supersedes, created_at, updated_at, search_context)"
+            " VALUES (?, ?, ?, ?, ?, 'active', ?, ?, ?, ?)",
+            (
+                profile_id,
+                text,
+                text_hash,
+                refers_to,
+                json.dumps(turn_ids),
+                supersedes,
+                now,
+                now,
+                context,
+            ),
         ).lastrowid
 
     # -- reading ----------------------------------------------------------------------------
@@ -227,6 +243,37 @@ class FactsMixin(AuditMixin, KVIndexMixin, EmbeddingsMixin, ReplyDetailsMixin):
             f"SELECT {FACT_COLUMNS} FROM facts WHERE id = ?", (fact_id,)
         ).fetchone()
         return None if row is None else fact_from_row(row)
+
+    def active_facts_in(self, profile_id: int, ids: Sequence[int]) -> dict[int, Fact]:
+        """``{id: Fact}`` of those ``ids`` that are active facts of the profile (one query; a
+        search re-reads its hits with it: a forgotten or replaced id is simply absent)."""
+        found: dict[int, Fact] = {}
+        unique = list(dict.fromkeys(int(i) for i in ids))
+        for start in range(0, len(unique), _IN_BATCH):
+            chunk = unique[start : start + _IN_BATCH]
+            rows = self.db.execute(
+                f"SELECT {FACT_COLUMNS} FROM facts WHERE id IN ({','.join('?' * len(chunk))})"
+                " AND profile_id = ? AND status = 'active'",
+                (*chunk, profile_id),
+            ).fetchall()
+            found.update((row[0], fact_from_row(row)) for row in rows)
+        return found
+
+    def fact_speakers(self, ids: Sequence[int]) -> dict[int, str]:
+        """``{fact id: speaker of its first source turn}`` for those ``ids`` that have one
+        (who said it; a fact added by hand, or whose conversation was deleted, has none)."""
+        found: dict[int, str] = {}
+        unique = list(dict.fromkeys(int(i) for i in ids))
+        for start in range(0, len(unique), _IN_BATCH):
+            chunk = unique[start : start + _IN_BATCH]
+            rows = self.db.execute(
+                "SELECT f.id, t.speaker FROM facts f"
+                " JOIN turns t ON t.id = json_extract(f.source_turn_ids, '$[0]')"
+                f" WHERE f.id IN ({','.join('?' * len(chunk))})",
+                chunk,
+            ).fetchall()
+            found.update(rows)
+        return found
 
     def active_facts(self, profile_id: int) -> list[Fact]:
         rows = self.db.execute(

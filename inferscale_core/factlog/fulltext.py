@@ -1,9 +1,21 @@
 """Keyword search over the active facts: the ``facts_fts`` FTS5 index, ranked by BM25.
 
-The index is kept by triggers on ``facts`` (migration ``m011_facts_fts``): a fact is in it
-exactly while it is active, so adding, replacing, retiring or forgetting a fact changes the
-index in the same transaction. A search is per profile (joined through ``facts``); BM25's term
-statistics are the whole file's, so another profile's facts can shift scores, never results.
+The index is kept by triggers on ``facts`` (migrations ``m011_facts_fts``,
+``m012_fact_search_context``): a fact is in it exactly while it is active, so adding,
+replacing, retiring or forgetting a fact changes the index in the same transaction. A search is
+per profile (the profile id is an indexed column, ANDed into the query); BM25's term statistics
+are the whole file's, so another profile's facts can shift scores, never results.
+
+Two columns are searched: the fact's ``text`` and its ``search_context`` (:func:`search_context`,
+written with the fact; a third, ``profile_id``, only filters). The context is the day the fact
+refers to in words ("May 8 2023", so "last May" or "in 2023" finds it) and the
+:data:`CONTEXT_TURNS` turns before the turn it was extracted from (a fact is often the answer to
+the question just asked: "Not really, just keep their area clean" is about turtles only in its
+context). It counts :data:`CONTEXT_WEIGHT` as much as the text.
+Measured on LoCoMo with the product's own facts (``bench recall``, 1,536 questions): keyword
+R@10 0.672 on the text alone, 0.807 with this context (about 0.79 without the date words, 0.78
+with one turn instead of two). Its price: the index holds about three times the words, and a
+query at 10k facts takes ~2.6 ms of SQLite instead of ~2.1.
 
 What the user typed is never passed to FTS5 as query syntax: :func:`fts_query` keeps only its
 words, each quoted, OR-ed, without stop words, so no input can raise an FTS5 syntax error.
@@ -13,9 +25,17 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Sequence
+from datetime import date
+
+from sqlite_utils import Database
 
 from inferscale_core.factlog._base import FactLogBase
 
+CONTEXT_TURNS = 2
+"""Turns before a fact's (first) source turn that go into its search context."""
+CONTEXT_WEIGHT = 0.4
+"""BM25 weight of the search context against the fact's text (1.0); 0.3-0.5 score alike."""
 MAX_QUERY_TERMS = 32
 """Words kept from a query (the first ones, after stop words): bounds the cost of a search."""
 
@@ -49,9 +69,40 @@ def fts_query(text: str) -> str:
     return " OR ".join(f'"{w}"' for w in words)
 
 
+_MONTHS = (
+    "January", "February", "March", "April", "May", "June",
+    "July", "August", "September", "October", "November", "December",
+)  # fmt: skip
+
+
+def date_words(refers_to: date | str | None) -> str:
+    """``2023-05-08`` -> ``"May 8 2023"`` (English, whatever the locale); "" for no date."""
+    if refers_to is None:
+        return ""
+    day = date.fromisoformat(refers_to) if isinstance(refers_to, str) else refers_to
+    return f"{_MONTHS[day.month - 1]} {day.day} {day.year}"
+
+
+def search_context(db: Database, refers_to: date | str | None, turn_ids: Sequence[int]) -> str:
+    """A fact's ``search_context``: :func:`date_words` of its day, then the
+    :data:`CONTEXT_TURNS` turns before its first source turn in that turn's conversation, as
+    ``"<speaker>: <text>"`` lines, oldest first (none for a fact without source turns)."""
+    lines = [date_words(refers_to)] if refers_to is not None else []
+    if turn_ids:
+        rows = db.execute(
+            "SELECT t.speaker, t.text FROM turns t"
+            " JOIN turns me ON me.id = ? AND t.conversation_id = me.conversation_id"
+            " WHERE t.idx < me.idx ORDER BY t.idx DESC LIMIT ?",
+            (min(turn_ids), CONTEXT_TURNS),
+        ).fetchall()
+        lines += [f"{speaker}: {text}" for speaker, text in reversed(rows)]
+    return "\n".join(lines)
+
+
 class FullTextMixin(FactLogBase):
     def keyword_search(self, profile_id: int, query: str, k: int) -> list[tuple[int, float]]:
-        """The ``k`` active facts of the profile that best match ``query``'s words, by BM25.
+        """The ``k`` active facts of the profile that best match ``query``'s words, by BM25
+        over their text and (weighted :data:`CONTEXT_WEIGHT`) their search context.
 
         Args:
             profile_id: whose facts.
@@ -61,14 +112,15 @@ class FullTextMixin(FactLogBase):
         Returns:
             ``(fact_id, score)`` best first; ``score`` is BM25 made positive (higher = better).
         """
-        match = fts_query(query)
-        if k <= 0 or not match:
+        words = fts_query(query)
+        if k <= 0 or not words:
             return []
+        # one FTS5 query: the words in the text and context only, the profile an indexed column
+        # (weight 0), and only active facts are in the index (the triggers): nothing is joined
+        match = f'{{text search_context}} : ({words}) AND profile_id : "{int(profile_id)}"'
         rows = self.db.execute(
-            "SELECT f.id, -bm25(facts_fts) AS score FROM facts_fts"
-            " JOIN facts f ON f.id = facts_fts.rowid"
-            " WHERE facts_fts MATCH ? AND f.profile_id = ? AND f.status = 'active'"
-            " ORDER BY score DESC, f.id LIMIT ?",
-            (match, profile_id, k),
+            "SELECT rowid, -bm25(facts_fts, 1.0, ?, 0.0) AS score FROM facts_fts"
+            " WHERE facts_fts MATCH ? ORDER BY score DESC, rowid LIMIT ?",
+            (CONTEXT_WEIGHT, match, k),
         ).fetchall()
         return [(r[0], r[1]) for r in rows]

@@ -17,6 +17,8 @@ whatever the source said (see :mod:`inferscale_core.factlog`).
 
 from __future__ import annotations
 
+import json
+
 from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
 
@@ -312,6 +314,82 @@ def m011_facts_fts(db: Database) -> None:
     db.execute(
         "INSERT INTO facts_fts (rowid, text) SELECT id, text FROM facts WHERE status = 'active'"
     )
+
+
+@migrations()
+def m012_fact_search_context(db: Database) -> None:
+    # What else finds a fact by keyword besides its text: the day it refers to in words and the
+    # turns before the turn it came from (the question it answered), in facts.search_context,
+    # written with the fact (fulltext.py::search_context; "" once forgotten). facts_fts is
+    # rebuilt over (text, search_context, profile_id): an external-content FTS5 table's
+    # columns must be columns of facts, and its 'delete' must be given exactly the indexed
+    # values, which old.* are. profile_id is indexed so that a search is one FTS5 query
+    # ("... AND profile_id : 7", weight 0 in BM25) instead of a join on facts for every match.
+    # Same triggers as m011 otherwise (a fact's profile never changes). The facts already
+    # there get their context here (in Python: the words are the module's); 'optimize' merges
+    # the new index into one segment.
+    from inferscale_core.factlog.fulltext import search_context
+
+    db.execute("ALTER TABLE facts ADD COLUMN search_context TEXT NOT NULL DEFAULT ''")
+    rows = db.execute(
+        "SELECT id, refers_to, source_turn_ids FROM facts WHERE status <> 'forgotten'"
+    ).fetchall()
+    for fact_id, refers_to, turn_ids in rows:
+        db.execute(
+            "UPDATE facts SET search_context = ? WHERE id = ?",
+            (search_context(db, refers_to, json.loads(turn_ids)), fact_id),
+        )
+    for trigger in ("facts_fts_insert", "facts_fts_update", "facts_fts_delete"):
+        db.execute(f"DROP TRIGGER {trigger}")
+    db.execute("DROP TABLE facts_fts")
+    db.execute(
+        """
+        CREATE VIRTUAL TABLE facts_fts USING fts5(
+            text,
+            search_context,
+            profile_id,
+            content = 'facts',
+            content_rowid = 'id',
+            tokenize = 'porter unicode61 remove_diacritics 2'
+        )
+        """
+    )
+    db.execute(
+        """
+        CREATE TRIGGER facts_fts_insert AFTER INSERT ON facts WHEN new.status = 'active'
+        BEGIN
+            INSERT INTO facts_fts (rowid, text, search_context, profile_id)
+                VALUES (new.id, new.text, new.search_context, new.profile_id);
+        END
+        """
+    )
+    db.execute(
+        """
+        CREATE TRIGGER facts_fts_update AFTER UPDATE OF status, text, search_context ON facts
+        BEGIN
+            INSERT INTO facts_fts (facts_fts, rowid, text, search_context, profile_id)
+                SELECT 'delete', old.id, old.text, old.search_context, old.profile_id
+                WHERE old.status = 'active';
+            INSERT INTO facts_fts (rowid, text, search_context, profile_id)
+                SELECT new.id, new.text, new.search_context, new.profile_id
+                WHERE new.status = 'active';
+        END
+        """
+    )
+    db.execute(
+        """
+        CREATE TRIGGER facts_fts_delete AFTER DELETE ON facts WHEN old.status = 'active'
+        BEGIN
+            INSERT INTO facts_fts (facts_fts, rowid, text, search_context, profile_id)
+                VALUES ('delete', old.id, old.text, old.search_context, old.profile_id);
+        END
+        """
+    )
+    db.execute(
+        "INSERT INTO facts_fts (rowid, text, search_context, profile_id)"
+        " SELECT id, text, search_context, profile_id FROM facts WHERE status = 'active'"
+    )
+    db.execute("INSERT INTO facts_fts (facts_fts) VALUES ('optimize')")
 
 
 def migrate(db: Database) -> None:

@@ -189,6 +189,7 @@ def test_the_full_data_path_is_found_or_named_with_what_to_do(tmp_path, monkeypa
         ["bench", "retrieval", "--export-vectors", "x.npz"],
         ["bench", "locomo", "--export-retrieval", "x.json"],
         ["bench", "locomo", "--sample", "2"],
+        ["bench", "recall"],
     ],
 )
 def test_bench_commands_without_the_data_stop_before_starting_anything(

@@ -58,6 +58,7 @@ EXPECTED_COLUMNS = {
         "supersedes": int,
         "created_at": str,
         "updated_at": str,
+        "search_context": str,
     },
     "audit": {
         "id": int,
@@ -156,6 +157,7 @@ def test_migrations_create_the_schema_and_reapply_as_a_no_op():
         "m009_extraction_cursor",
         "m010_reply_details",
         "m011_facts_fts",
+        "m012_fact_search_context",
     ]
     assert db["kv_entries"].pks == ["fact_id", "model_fingerprint", "w", "encoder_version"]
     assert db["fact_embeddings"].pks == ["fact_id", "model"]

@@ -2,12 +2,15 @@
 
 Over real fact-log files and the real MiniLM embedder: the keyword index follows every add,
 edit and forget in the same transaction, an old database upgrades with its facts indexed, no
-input makes an FTS5 syntax error, and fusion finds by a rare word a fact dense ranks low.
+input makes an FTS5 syntax error, fusion finds by a rare word a fact dense ranks low, a fact is
+found by its date and the turns before it (until its conversation is deleted or it is
+forgotten), and a question naming a person prefers what that person said.
 """
 
 from __future__ import annotations
 
 import random
+from datetime import datetime
 
 import pytest
 from sqlite_utils import Database
@@ -17,6 +20,7 @@ from inferscale_core.factlog import FactLog
 from inferscale_core.factlog.fulltext import fts_query
 from inferscale_core.factlog.migrations import migrations
 from inferscale_core.retriever import MODES, Retriever
+from inferscale_core.types import Conversation, Turn
 from tests.unit.test_retriever import FACTS, add_facts, pin_questions
 
 NOW = "2025-01-02T03:04:05.000006+00:00"
@@ -114,7 +118,8 @@ def test_an_old_database_upgrades_with_its_facts_indexed(tmp_path, minilm):
     old.close()
 
     with FactLog.open(path) as log:
-        assert [m.name for m in migrations.applied(log.db)][-1] == "m011_facts_fts"
+        applied = [m.name for m in migrations.applied(log.db)]
+        assert applied[-2:] == ["m011_facts_fts", "m012_fact_search_context"]
         assert keyword_ids(log, 1, "cello orchestra") == {1}
         assert keyword_ids(log, 1, "Seattle") == set()  # superseded: not indexed
         hits = Retriever(log, minilm).search(1, "peanuts", k=1, mode="keyword")
@@ -180,3 +185,111 @@ def test_hybrid_finds_a_rare_word_that_dense_ranks_low(log, minilm):
     assert [h.fact.id for h in last] == [h.fact.id for h in reversed(hybrid)]
     with pytest.raises(ValueError, match="mode"):
         retriever.search(p, question, 5, mode="bm25")
+
+
+def chat(log: FactLog, p: int, title: str, turns: list[tuple[str, str]], day: str) -> list[int]:
+    """Store a conversation of ``(speaker, text)`` turns said on ``day``; its turn ids."""
+    when = datetime.fromisoformat(f"{day}T10:00:00")
+    conv = Conversation(title, [Turn(who, text, when) for who, text in turns], "chat", title)
+    conv_id, _ = log.add_conversation(p, conv)
+    return [turn_id for turn_id, _ in log.conversation_turns(conv_id)]
+
+
+def context_of(log: FactLog, fact_id: int) -> str:
+    return log.db.execute("SELECT search_context FROM facts WHERE id = ?", (fact_id,)).fetchone()[0]
+
+
+def test_a_fact_is_found_by_its_date_and_the_turns_before_it(log):
+    p = log.profile()
+    turns = chat(
+        log,
+        p,
+        "turtles",
+        [
+            ("Ben", "Morning!"),
+            ("Ben", "Is it hard to look after turtles?"),
+            ("Rosa", "Not really, just keep their area clean and feed them properly."),
+        ],
+        "2023-05-08",
+    )
+    answer, _ = log.add_fact(
+        p, "Rosa: Not really, just keep their area clean", "2023-05-08", turns[2:]
+    )
+    other, _ = log.add_fact(p, "I keep my desk clean", "2022-11-30")
+    assert context_of(log, answer) == (
+        "May 8 2023\nBen: Morning!\nBen: Is it hard to look after turtles?"
+    )
+    assert context_of(log, other) == "November 30 2022"
+    assert keyword_ids(log, p, "turtles") == {answer}  # only in the turn before it
+    assert keyword_ids(log, p, "What happened in May 2023?") == {answer}
+    assert keyword_ids(log, p, "November") == {other}
+    # the text weighs more than the context: "clean" in both texts ranks them by text
+    assert [fid for fid, _ in log.keyword_search(p, "turtles clean", 2)][0] == answer
+
+    # deleting the conversation takes its turns out of the index; the date stays
+    log.delete_conversation(log.conversations(p)[0].id)
+    assert context_of(log, answer) == "May 8 2023"
+    assert keyword_ids(log, p, "turtles") == set()
+    assert keyword_ids(log, p, "May 2023") == {answer}
+    # forgetting blanks the context with the text
+    log.forget_fact(answer, cause="asked to")
+    assert context_of(log, answer) == "" and keyword_ids(log, p, "May") == set()
+    log.db.execute("INSERT INTO facts_fts (facts_fts) VALUES ('integrity-check')")
+
+
+def test_an_m011_database_gets_the_search_context_of_its_facts(tmp_path):
+    path = tmp_path / "memory.db"
+    path.touch(mode=0o600)
+    old = Database(path)
+    migrations.apply(old, stop_before="m012_fact_search_context")
+    old.execute("INSERT INTO profiles (id, name, created_at) VALUES (1, 'default', 'x')")
+    old.execute(
+        "INSERT INTO conversations (id, profile_id, source, created_at) VALUES (1, 1, 'chat', 'x')"
+    )
+    for tid, (who, text) in enumerate([("Ben", "Do you still paint?"), ("Rosa", "Every day")]):
+        old.execute(
+            "INSERT INTO turns (id, conversation_id, profile_id, idx, speaker, text, source)"
+            " VALUES (?, 1, 1, ?, ?, ?, 'chat')",
+            (tid + 1, tid, who, text),
+        )
+    old.execute(
+        "INSERT INTO facts (id, profile_id, text, text_hash, refers_to, source_turn_ids, status,"
+        " created_at, updated_at) VALUES (1, 1, 'Rosa: Every day', 'h', '2024-02-29', '[2]',"
+        " 'active', ?, ?)",
+        (NOW, NOW),
+    )
+    old.conn.commit()
+    old.close()
+    with FactLog.open(path) as log:
+        assert context_of(log, 1) == "February 29 2024\nBen: Do you still paint?"
+        assert keyword_ids(log, 1, "painting") == {1}  # porter: paint ~ painting
+        assert keyword_ids(log, 1, "February") == {1}
+        log.db.execute("INSERT INTO facts_fts (facts_fts) VALUES ('integrity-check')")
+
+
+def test_a_question_naming_a_person_prefers_what_that_person_said(log, minilm):
+    p = log.profile()
+    said = {}
+    for who, dish in (("Anna", "risotto"), ("Ben", "a curry"), ("Carla", "pancakes")):
+        (turn,) = chat(log, p, who, [(who, f"I love cooking {dish} on Sundays.")], "2024-03-03")
+        # the fact's text does not name its speaker (as an LLM extractor may write it)
+        said[who], _ = log.add_fact(p, f"Loves cooking {dish} on Sundays", None, [turn])
+    log.add_fact(p, "Anna and Ben and Carla cook together at Easter")
+    (turn,) = chat(log, p, "Will", [("Will", "I love cooking noodles on Sundays.")], "2024-03-03")
+    wills, _ = log.add_fact(p, "Loves cooking noodles on Sundays", None, [turn])
+    retriever = Retriever(log, minilm)
+    # "will" is a word here, not Will: the question names Carla alone
+    best = retriever.search(p, "What will Carla cook on Sundays?", 3, "best_first")[0]
+    assert best.fact.id == said["Carla"], best.fact.text
+    for who in said:
+        asked = f"What does {who} like to cook on Sundays?"
+        for question in (asked, asked.lower()):  # as spoken, or typed all in lower case
+            best = retriever.search(p, question, 3, "best_first")[0]
+            assert best.fact.id == said[who], (question, best.fact.text)
+    said["Will"] = wills
+    assert log.fact_speakers(list(said.values())) == {fid: who for who, fid in said.items()}
+    assert log.speakers(p) == {
+        who: log.get_fact(fid).source_turn_ids[0] for who, fid in said.items()
+    }
+    last = max(log.speakers(p).values())
+    assert log.speakers(p, after_id=last) == {}
