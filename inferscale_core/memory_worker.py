@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -190,8 +191,11 @@ class MemoryWorker:
                     continue
                 except Exception as exc:  # keep the thread alive; report it
                     self.stats.errors += 1
-                    self.stats.last_error = f"{type(exc).__name__}: {exc}"
-                    log.exception("memory worker batch failed")
+                    self.stats.last_error = f"{type(exc).__name__}: {exc}"  # the user's own view
+                    # The log gets where, not the message: it may quote a memory (a server's
+                    # log is read by its admin, who must not see a user's memories).
+                    where = "".join(traceback.format_tb(exc.__traceback__))
+                    log.error("memory worker batch failed: %s\n%s", type(exc).__name__, where)
                     did = 0
                     self._stop.wait(self.poll_seconds)
                 if did == 0:

@@ -71,10 +71,14 @@ class Hub:
         embedder: Embedder | None = None,
     ) -> None:
         from inferscale_core.embedder import SentenceTransformerEmbedder
+        from inferscale_core.factlog import FactLog
 
         self.assistant = assistant
         self.config = config
         self.db_path = Path(db_path)
+        # Created and migrated once, before desks open it from several threads at once (first
+        # opens racing on a new file failed with "file is not a database", then recovered).
+        FactLog.open(self.db_path).close()
         self.embedder = embedder or SentenceTransformerEmbedder()
         self._desks: dict[str, Desk] = {}
         self._lock = threading.Lock()

@@ -124,7 +124,7 @@ class Server:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path):
     srv = Server(tmp_path_factory.mktemp("serve-home"))
-    srv.tokens = {name: srv.add_user(name) for name in ("ana", "bo", "cy")}  # type: ignore[attr-defined]
+    srv.tokens = {name: srv.add_user(name) for name in ("ana", "bo", "cy", "ed")}  # type: ignore[attr-defined]
     srv.start()
     try:
         yield srv

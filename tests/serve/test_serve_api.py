@@ -224,18 +224,18 @@ def test_a_client_that_goes_away_aborts_its_request(server, memories):
 
 
 def test_import_an_export_and_quarantine_a_broken_one(server, memories):
-    base, cy = server.base, auth(server.tokens["cy"])
+    base, ed = server.base, auth(server.tokens["ed"])
     export = (FIXTURES / "chatgpt" / "conversations.json").read_bytes()
     url = f"{base}/memories/import?filename=conversations.json"
-    r = httpx.post(url, content=export, headers=cy, timeout=120)
+    r = httpx.post(url, content=export, headers=ed, timeout=120)
     assert r.status_code == 200, r.text
     assert r.json()["status"] == "imported" and r.json()["turns_added"] > 0
-    again = httpx.post(url, content=export, headers=cy, timeout=120).json()
+    again = httpx.post(url, content=export, headers=ed, timeout=120).json()
     assert again["status"] == "skipped" and again["turns_added"] == 0  # once only
     broken = f"{base}/memories/import?filename=broken.json"
-    r = httpx.post(broken, content=b'[{"mapping": ', headers=cy)
+    r = httpx.post(broken, content=b'[{"mapping": ', headers=ed)
     assert r.status_code == 422 and "not imported" in r.json()["error"]["message"]
-    quarantine = server.data / "inbox" / "cy" / "quarantine"
+    quarantine = server.data / "inbox" / "ed" / "quarantine"
     assert sorted(p.name for p in quarantine.iterdir()) == ["broken.json", "broken.json.reason.txt"]
     assert (quarantine / "broken.json.reason.txt").read_text().strip()
 
