@@ -188,14 +188,21 @@ class Retriever:
             found = index.search(query, k)[0]  # [(fact id, score)] best first
             facts = self._active_facts(profile_id, [fid for fid, _ in found])
             stale = [fid for fid, _ in found if fid not in facts]
-            if not stale:
-                break
-            logger.info("dropping %d stale ids from profile %d's index", len(stale), profile_id)
-            index.remove(stale)
-            if any(fid in index for fid in stale):  # never loop on an index that keeps them
+            if not self._dropped(index, profile_id, stale):
                 break
         hits = [(facts[fid], score) for fid, score in found if fid in facts]
         return [Hit(fact, score, rank) for rank, (fact, score) in enumerate(hits, start=1)]
+
+    @staticmethod
+    def _dropped(index: VectorIndex, profile_id: int, stale: list[int]) -> bool:
+        """Remove ``stale`` ids (no longer active facts) from the index; True when there
+        were some and they are gone (search again), False otherwise (never loop on an index
+        that keeps them)."""
+        if not stale:
+            return False
+        logger.info("dropping %d stale ids from profile %d's index", len(stale), profile_id)
+        index.remove(stale)
+        return not any(fid in index for fid in stale)
 
     def _hybrid(self, profile_id: int, question: str, k: int) -> list[Hit]:
         """Best first: the fusion of the module docstring (ties: the better dense rank, then
@@ -215,11 +222,7 @@ class Retriever:
                 fused[fid] = fused.get(fid, 0.0) + KEYWORD_WEIGHT / (RRF_K + rank)
             facts = self.log.active_facts_in(profile_id, list(fused))
             stale = [fid for fid, _ in dense if fid not in facts]
-            if not stale:
-                break
-            logger.info("dropping %d stale ids from profile %d's index", len(stale), profile_id)
-            index.remove(stale)
-            if any(fid in index for fid in stale):  # never loop on an index that keeps them
+            if not self._dropped(index, profile_id, stale):
                 break
         dense_rank = {fid: rank for rank, (fid, _) in enumerate(dense, start=1)}
 

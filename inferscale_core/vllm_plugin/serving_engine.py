@@ -27,7 +27,7 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -36,21 +36,21 @@ from inferscale_core.composer import ComposedPrompt
 from inferscale_core.engine import CHAT_PRIORITY
 from inferscale_core.types import GenerationResult
 from inferscale_core.vllm_plugin.driver import DONE, RequestFailed
+from inferscale_core.vllm_plugin.engine_requests import QueuedRequests, absorb
 from inferscale_core.vllm_plugin.vllm_engine import (
     EngineOptions,
-    absorb,
     engine_arguments,
     prepare_environment,
-    request_inputs,
-    sampling_params,
 )
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
 
-class ServingEngine:
+class ServingEngine(QueuedRequests):
     """``AsyncLLM`` in its default multi-process mode, behind the sync ``Engine`` protocol."""
+
+    stream_every_token = True  # a server streams the first token at once
 
     def __init__(self, options: EngineOptions) -> None:
         on_gpu = prepare_environment(options, multiprocessing=True)
@@ -60,8 +60,8 @@ class ServingEngine:
         # kill -9 (lifetime.py); the connector there reads this pid.
         # Loads and captures only this process asked for: its params are signed with a key
         # only vLLM's processes and this one know (request_signing.py).
-        self._request_key = secrets.token_bytes(32)
-        extra = {"parent_pid": os.getpid(), "request_key": self._request_key.hex()}
+        self.request_key = secrets.token_bytes(32)
+        extra = {"parent_pid": os.getpid(), "request_key": self.request_key.hex()}
         options = replace(options, connector_extra={**options.connector_extra, **extra})
         self.options = options
         self.fingerprint = options.fingerprint
@@ -71,7 +71,6 @@ class ServingEngine:
         self._waiting_fg: set[str] = set()  # chat requests without their first token yet
         self.foreground_idle = threading.Event()
         self.foreground_idle.set()
-        self.aborted = 0  # requests aborted because their reader went away (a count)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-async")
         self._thread.daemon = True
@@ -121,30 +120,6 @@ class ServingEngine:
         return self.llm.output_processor.get_num_unfinished_requests()
 
     # ---- requests ----
-    def _submit(
-        self,
-        prompt: ComposedPrompt | Sequence[int],
-        inject: bool,
-        cache_salt: str | None,
-        priority: int,
-        **sampling: Any,
-    ) -> tuple[str, queue.SimpleQueue[Any], GenerationResult, float]:
-        tokens_prompt, kv_params = request_inputs(
-            prompt, inject, cache_salt, self.fingerprint, self._request_key
-        )
-        params = sampling_params(kv_params, **sampling)
-        request_id = f"inferscale-{next(self._ids)}"
-        result = GenerationResult(request_id, len(tokens_prompt["prompt_token_ids"]))
-        outputs: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        foreground = priority <= CHAT_PRIORITY
-        if foreground:
-            with self._lock:
-                self._waiting_fg.add(request_id)
-                self.foreground_idle.clear()
-        t0 = time.perf_counter()
-        self._call(self._pump(request_id, tokens_prompt, params, priority, outputs))
-        return request_id, outputs, result, t0
-
     async def _pump(
         self,
         request_id: str,
@@ -174,62 +149,19 @@ class ServingEngine:
             if not self._waiting_fg:
                 self.foreground_idle.set()
 
+    def _enqueue(
+        self, request_id: str, tokens_prompt: dict[str, Any], params: Any, priority: int
+    ) -> queue.SimpleQueue[Any]:
+        outputs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        if priority <= CHAT_PRIORITY:  # a chat request: background work waits for it
+            with self._lock:
+                self._waiting_fg.add(request_id)
+                self.foreground_idle.clear()
+        self._call(self._pump(request_id, tokens_prompt, params, priority, outputs))
+        return outputs
+
     def abort(self, request_ids: Sequence[str]) -> None:
         self._call(self.llm.abort(list(request_ids)))
-
-    def stream(
-        self,
-        prompt: ComposedPrompt | Sequence[int],
-        *,
-        inject: bool = True,
-        max_tokens: int = 256,
-        temperature: float = 0.0,
-        logprobs: int | None = None,
-        stop: Sequence[str] | None = None,
-        cache_salt: str | None = None,
-        prompt_logprobs: int | None = None,
-        ignore_eos: bool = False,
-        priority: int = CHAT_PRIORITY,
-        json_schema: dict[str, Any] | None = None,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        repetition_penalty: float = 1.0,
-    ) -> Iterator[tuple[str, GenerationResult]]:
-        """As ``VllmEngine.stream``: ``(text delta, running result)`` for every step that
-        produced tokens (the delta may be "" when they make no text yet); closing it early
-        aborts the request in the engine (its blocks are freed)."""
-        request_id, outputs, result, t0 = self._submit(
-            prompt,
-            inject,
-            cache_salt,
-            priority,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            logprobs=logprobs,
-            stop=stop,
-            prompt_logprobs=prompt_logprobs,
-            ignore_eos=ignore_eos,
-            json_schema=json_schema,
-            top_p=top_p,
-            top_k=top_k,
-            repetition_penalty=repetition_penalty,
-        )
-        finished = False
-        try:
-            while (item := outputs.get()) is not DONE:
-                if isinstance(item, RequestFailed):
-                    raise item
-                at, output = item
-                delta = absorb(result, output, t0, at)
-                finished = output.finished
-                # Every step with new tokens, text or not (a server streams the first token
-                # at once, even when it is part of a character still to complete).
-                if delta or finished or output.outputs[0].token_ids:
-                    yield delta, result
-        finally:
-            if not finished:
-                self.aborted += 1
-                self.abort([request_id])
 
     async def astream(
         self,
@@ -245,12 +177,9 @@ class ServingEngine:
         being cancelled: a client gone) aborts the request."""
         defaults = {"max_tokens": 256, "temperature": 0.0, "logprobs": None, "stop": None}
         sampling = {**defaults, "prompt_logprobs": None, **sampling}
-        tokens_prompt, kv_params = request_inputs(
-            prompt, inject, cache_salt, self.fingerprint, self._request_key
+        request_id, tokens_prompt, params, result = self._request(
+            prompt, inject, cache_salt, **sampling
         )
-        params = sampling_params(kv_params, **sampling)
-        request_id = f"inferscale-{next(self._ids)}"
-        result = GenerationResult(request_id, len(tokens_prompt["prompt_token_ids"]))
         t0 = time.perf_counter()
         finished = False
         outputs = self.llm.generate(tokens_prompt, params, request_id, priority=priority)
@@ -274,66 +203,6 @@ class ServingEngine:
         except KeyboardInterrupt:
             future.cancel()
             raise
-
-    def generate(self, prompt: ComposedPrompt | Sequence[int], **kwargs: Any) -> GenerationResult:
-        final = None
-        for _, final in self.stream(prompt, **kwargs):  # noqa: B007 - the last one is final
-            pass
-        assert final is not None
-        return final
-
-    def generate_batch(
-        self,
-        prompts: Sequence[ComposedPrompt | Sequence[int]],
-        *,
-        inject: bool = True,
-        max_tokens: int = 256,
-        temperature: float = 0.0,
-        logprobs: int | None = None,
-        cache_salt: str | None = None,
-        ignore_eos: bool = False,
-        priority: int = CHAT_PRIORITY,
-    ) -> list[GenerationResult]:
-        """Submit every prompt at once; results in prompt order (times from the submission)."""
-        submitted = [
-            self._submit(
-                prompt,
-                inject,
-                cache_salt,
-                priority,
-                max_tokens=max_tokens,
-                temperature=temperature,
-                logprobs=logprobs,
-                stop=None,
-                prompt_logprobs=None,
-                ignore_eos=ignore_eos,
-            )
-            for prompt in prompts
-        ]
-        t0 = submitted[0][3] if submitted else 0.0
-        pending = [request_id for request_id, *_ in submitted]
-        try:
-            for request_id, outputs, result, _ in submitted:
-                while (item := outputs.get()) is not DONE:
-                    if isinstance(item, RequestFailed):
-                        raise item
-                    at, output = item
-                    absorb(result, output, t0, at)
-                pending.remove(request_id)
-        finally:
-            if pending:
-                self.abort(pending)
-        return [result for _, _, result, _ in submitted]
-
-    def generate_json(
-        self, prompt_ids: Sequence[int], schema: dict[str, Any], max_tokens: int = 256
-    ) -> str:
-        return self.generate(list(prompt_ids), max_tokens=max_tokens, json_schema=schema).text
-
-    def warm_up(self) -> float:
-        t0 = time.perf_counter()
-        self.generate([1, 2, 3, 4], max_tokens=2)
-        return time.perf_counter() - t0
 
     def wait_for_chat(self, timeout: float | None = None) -> bool:
         """True once no chat request waits for its first token, False after ``timeout``."""

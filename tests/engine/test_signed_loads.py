@@ -7,7 +7,7 @@ import pytest
 
 from inferscale_core.prompt_builder import MemoryFact
 from inferscale_core.request_signing import sign
-from inferscale_core.vllm_plugin import vllm_engine
+from inferscale_core.vllm_plugin import engine_requests
 
 KEY = bytes(range(32))
 FACTS = [MemoryFact("Ana's locker code is 4417."), MemoryFact("Ana lives in Porto.")]
@@ -44,7 +44,7 @@ def test_signed_params_replayed_under_another_salt_load_nothing(keyed, monkeypat
     ana_salt = keyed.builder.scoped("ana-secret").cache_salt(20)
     composed = keyed.builder.scoped("bo-secret").build(FACTS, "What is Ana's locker code?")
     monkeypatch.setattr(  # signed for ana's salt, whatever salt the request goes with
-        vllm_engine, "sign", lambda ours, key, salt: sign(ours, key, ana_salt)
+        engine_requests, "sign", lambda ours, key, salt: sign(ours, key, ana_salt)
     )
     result = keyed.engine.generate(composed, max_tokens=2)
     assert result.injected_tokens == 0 and "wrong signature" in result.refused

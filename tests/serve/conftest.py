@@ -24,6 +24,26 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def wait_healthy(proc: subprocess.Popen[bytes], base: str, log: Path) -> None:
+    """Wait until ``base``/health answers; fail with the log's tail if ``proc`` exits or
+    :data:`START_TIMEOUT_S` passes."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"the server exited ({proc.returncode}):\n{_tail(log)}")
+        try:
+            if httpx.get(f"{base}/health", timeout=2).is_success:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(1)
+    pytest.fail(f"the server did not come up in {START_TIMEOUT_S:.0f} s:\n{_tail(log)}")
+
+
+def _tail(log: Path, chars: int = 4000) -> str:
+    return log.read_text(errors="replace")[-chars:] if log.exists() else ""
+
+
 class Server:
     """One server home; :meth:`start` runs the command, :meth:`kill9` kills it hard."""
 
@@ -72,20 +92,7 @@ class Server:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its engine processes in its own group
             )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"serve exited ({self.proc.returncode}):\n{self.tail()}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).is_success:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(1)
-        pytest.fail(f"serve did not come up in {START_TIMEOUT_S:.0f} s:\n{self.tail()}")
-
-    def tail(self, chars: int = 4000) -> str:
-        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+        wait_healthy(self.proc, f"http://127.0.0.1:{self.port}", self.log)
 
     def group_alive(self) -> bool:
         assert self.proc is not None

@@ -9,13 +9,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
 from inferscale_core.prompt_builder import MemoryFact
-from tests.serve.conftest import free_port
+from tests.serve.conftest import free_port, wait_healthy
 
 FACTS = [MemoryFact("Ines moved to Lisbon in March 2024."), MemoryFact("Pixel is my dog.")]
 
@@ -60,18 +59,7 @@ def vllm_serve(runtime, tmp_path_factory):
         )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited:\n{log.read_text()[-4000:]}")
-            try:
-                if httpx.get(f"{base}/health", timeout=2).is_success:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(1)
-        else:
-            pytest.fail(f"vllm serve did not start:\n{log.read_text()[-4000:]}")
+        wait_healthy(proc, base, log)
         yield base
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
