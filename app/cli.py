@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from rich.console import Console
+from rich.markup import escape
 
 from app.commands import ask, bench, chat, doctor, imports, memory, models, serve
 
@@ -33,6 +34,8 @@ examples:
   inferscale-assistant memory forget 12
   inferscale-assistant doctor
   inferscale-assistant models prepare
+  inferscale-assistant models add llama3.2:1b && inferscale-assistant ask --model llama3.2:1b "…"
+  inferscale-assistant models list
   inferscale-assistant users add ana && inferscale-assistant serve --port 8000
 """
 
@@ -72,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args, console))
     except ModelSetupError as exc:
-        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         console.print("[dim]interrupted[/dim]")

@@ -8,7 +8,8 @@ fsync, rename), mode 0600.
 
 Example file::
 
-    model = "/models/Llama-3.1-8B-Instruct"   # leave out for the embedded SmolLM2
+    model = "/models/Llama-3.1-8B-Instruct"   # or a .gguf file, or a name from `models list`;
+                                              # leave out for the embedded SmolLM2
     k = 10              # facts retrieved per reply
     w = 20              # context turns each fact is encoded with
     window = "anchored" # anchored | sliding: which turns (see context_window.py)
@@ -43,7 +44,7 @@ class ConfigError(ValueError):
 
 @dataclass(slots=True)
 class AppConfig:
-    model: str | None = None  # local Hugging Face folder; None = the embedded SmolLM2
+    model: str | None = None  # HF folder, .gguf file or `models add` name; None = SmolLM2
     k: int = 10  # facts retrieved per reply
     w: int = 20  # context turns each fact is encoded with
     window: str = ANCHORED  # which turns: anchored | sliding (inferscale_core.context_window)
@@ -63,7 +64,8 @@ class AppConfig:
     def __post_init__(self) -> None:
         if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()):
             raise ConfigError(
-                f"model must be a folder path (text), or left out for the embedded SmolLM2;"
+                f"model must be a model folder, a .gguf file or an added model's name (text), or"
+                f" left out for the embedded SmolLM2;"
                 f" got {self.model!r}"
             )
         for name in ("k", "w", "recompute"):

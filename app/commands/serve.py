@@ -77,10 +77,13 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
     from app.startup import quiet_engine_logs
     from app.user_config import load_config
     from inferscale_core import wiring
+    from inferscale_core.model_files import resolve_model
 
     config = load_config(console)
     if config is None:
         return 1
+    # Before the engine: a bad or unsupported model is one line, a GGUF's dequantizing shown.
+    resolve_model(config.model, progress=True)
     folder = serve_dir(args)
     users = Users(folder / "users.db")
     if not users.names():

@@ -42,7 +42,7 @@ def test_the_embedded_model_is_left_out_of_the_file(tmp_path):
         ("gpu_pool_gib = -2", ["gpu_pool_gib must be a number of GiB >= 0"]),
         ('extractor = "magic"', ["extractor must be one of auto, deterministic, llm"]),
         ('profile = ""', ["profile must be a non-empty name"]),
-        ('model = ""', ["model must be a folder path"]),
+        ('model = ""', ["model must be a model folder, a .gguf file"]),
         ("colour = 3", ["unknown setting(s) colour", "known: model, k, w"]),
         ("k = ", ["is not valid TOML", "fix or delete it"]),
     ],

@@ -229,7 +229,10 @@ def test_resolve_model_missing_folder(tmp_path: Path) -> None:
 def test_resolve_model_folder_without_config(tmp_path: Path) -> None:
     with pytest.raises(ModelSetupError, match="no config.json"):
         resolve_model(str(tmp_path))
-    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "config.json").write_text("{}")  # transformers cannot tell what it is
+    with pytest.raises(ModelSetupError, match="cannot be read by transformers"):
+        resolve_model(str(tmp_path))
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     assert resolve_model(str(tmp_path)) == tmp_path.resolve()
 
 

@@ -31,7 +31,7 @@ RESTART_KEYS = (
 )
 
 FIELDS = (
-    ("model", "Model folder: a local Hugging Face folder, empty = the embedded SmolLM2 (restart)"),
+    ("model", "Model: a folder, a .gguf file or an added name; empty = SmolLM2 (restart)"),
     ("k", "k: memories retrieved per reply (from the next reply)"),
     ("recompute", "r: of those, the best r prefilled with the question, not injected (next reply)"),
     ("w", "w: context turns each memory is encoded with (restart; re-encodes)"),
