@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
+from inferscale_core.composer import render_chat
+
 _ARTICLES = re.compile(r"\b(a|an|the|and)\b")
 _PUNCTUATION = frozenset(string.punctuation)
 
@@ -122,7 +124,7 @@ def judge_prompt_ids(tokenizer: Any, question: str, gold: str, answer: str) -> l
             "content": f"Question: {question}\nGold answer: {gold}\nGenerated answer: {answer}",
         },
     ]
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text = render_chat(tokenizer, messages)
     return tokenizer.encode(text, add_special_tokens=False)
 
 

@@ -36,6 +36,26 @@ class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 
 
+#: The layout of a model without a chat template (a base model, e.g. the Gemma 3 270M test
+#: model): its BOS, the system text, then "User:" / "Assistant:" lines.
+PLAIN_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{% if m['role'] == 'system' %}{{ m['content'] }}\n\n"
+    "{% elif m['role'] == 'user' %}User: {{ m['content'] }}\n"
+    "{% else %}Assistant: {{ m['content'] }}\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+
+
+def render_chat(tokenizer: Tokenizer, messages: list[dict[str, str]]) -> str:
+    """``messages`` as the model's chat template writes them, ready for the reply (the plain
+    layout for a model that has no template)."""
+    template = None if getattr(tokenizer, "chat_template", None) else PLAIN_CHAT_TEMPLATE
+    return tokenizer.apply_chat_template(
+        messages, chat_template=template, tokenize=False, add_generation_prompt=True
+    )
+
+
 class TemplateError(ValueError):
     """The chat template cannot be split into prefix / memory / suffix."""
 
@@ -137,9 +157,7 @@ class ChatLayout:
         messages = [{"role": "system", "content": self.system_prompt + MEMORY_HEADER + memory}]
         messages += [{"role": role, "content": text} for role, text in history]
         messages.append({"role": "user", "content": question})
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
+        return render_chat(self.tokenizer, messages)
 
     def _split(self, question: str, history: Sequence[tuple[str, str]] = ()) -> tuple[str, str]:
         text = self._render(_SENTINEL, question, history)

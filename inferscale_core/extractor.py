@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import Any, Protocol
 
+from inferscale_core.composer import render_chat
 from inferscale_core.types import Fact, Turn
 
 log = logging.getLogger(__name__)
@@ -206,9 +207,7 @@ class LLMExtractor:
                 f"{turn.text}",
             },
         ]
-        rendered = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
+        rendered = render_chat(self.tokenizer, messages)
         return self.tokenizer.encode(rendered, add_special_tokens=False)
 
     def extract(self, turn: Turn, similar: Sequence[Fact] = ()) -> list[FactOp]:

@@ -5,8 +5,16 @@ For each architecture: where the pre-RoPE keys and the values come out of an att
 vLLM gives it (the connector loads into one), and why a model is refused when it cannot be
 served exactly. Pure data from the Hugging Face config; no model weights, no vLLM.
 
-Supported today: decoder-only models with full attention in every layer and one RoPE for all
-layers — Llama (SmolLM2, Llama 3.x), Mistral, Qwen2/2.5, Qwen3 (keys after its k-norm).
+Supported: decoder-only models whose RoPE can be re-applied exactly — Llama (SmolLM2,
+Llama 3.x), Mistral, Qwen2/2.5, Qwen3 (keys after its k-norm), and Gemma 3 (keys after its
+k-norm; sliding-window layers with RoPE base 1e4 interleaved with global layers of base 1e6).
+
+Sliding-window layers need no special filling: with a KV connector that does not declare
+vLLM's hybrid-allocator support, vLLM turns every sliding-window layer's cache into a
+full-attention one (``unify_hybrid_kv_cache_specs``) while the attention kernel still applies
+the window, so all layers share one KV-cache group and injection fills every layer at every
+position, as a prefill would; the window then hides the same far tokens from the same layers.
+The engine-side check (:func:`cache_groups_refusal`) refuses an engine where this did not hold.
 """
 
 from __future__ import annotations
@@ -16,11 +24,29 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from inferscale_core.rope import RopeSpec, UnsupportedRopeError
+from inferscale_core.rope import RopeSpec, UnsupportedRopeError, layer_type_params
 
 #: model_type -> where the attention's pre-RoPE key comes from ("k_norm" runs after "k_proj").
 KEY_SOURCES: Mapping[str, str] = MappingProxyType(
-    {"llama": "k_proj", "mistral": "k_proj", "qwen2": "k_proj", "qwen3": "k_norm"}
+    {
+        "llama": "k_proj",
+        "mistral": "k_proj",
+        "qwen2": "k_proj",
+        "qwen3": "k_norm",
+        "gemma3_text": "k_norm",
+    }
+)
+#: Why some well-known architectures are refused, beyond "not in the list".
+REFUSAL_REASONS: Mapping[str, str] = MappingProxyType(
+    {
+        "gemma2": "its attention logits are soft-capped, which vLLM's paged kernels and this"
+        " connector have not been checked against",
+        "phi3": "its long-context RoPE (longrope) changes frequencies with the sequence length",
+        "mamba": "it has no attention KV cache (a state-space model)",
+        "jamba": "its Mamba layers keep a state, not a KV cache",
+        "gpt2": "it uses learned absolute positions, not RoPE, so a memory cannot be moved",
+        "bloom": "it uses ALiBi position biases, not RoPE, so a memory cannot be moved",
+    }
 )
 #: Model types whose RoPE rotates interleaved pairs (GPT-J style) instead of halves (NeoX).
 GPTJ_STYLE_MODEL_TYPES = frozenset({"gptj", "chatglm", "glm"})
@@ -51,30 +77,29 @@ class ModelSpec:
         """
         config = getattr(config, "text_config", None) or config
         model_type = getattr(config, "model_type", "")
+        model_type = "gemma3_text" if model_type == "gemma3" else model_type
         if model_type not in KEY_SOURCES:
+            why = REFUSAL_REASONS.get(model_type)
             raise UnsupportedModelError(
-                f"model type {model_type!r} is not supported for memory injection (supported:"
-                f" {', '.join(sorted(KEY_SOURCES))})"
+                f"model type {model_type!r} is not supported for memory injection"
+                + (f": {why}" if why else "")
+                + f" (supported: {', '.join(sorted(KEY_SOURCES))})"
             )
-        if _sliding_window_layers(config):
-            raise UnsupportedModelError(
-                f"{model_type} uses sliding-window attention layers; injected memories would"
-                " need a KV-cache group per window, which is not supported yet"
-            )
+        neox = model_type not in GPTJ_STYLE_MODEL_TYPES
+        layers = int(config.num_hidden_layers)
         try:
-            rope = RopeSpec.from_hf_config(
-                config, is_neox_style=model_type not in GPTJ_STYLE_MODEL_TYPES
+            layer_rope = tuple(
+                _layer_rope(config, kind, neox) for kind in _layer_types(config, layers)
             )
         except UnsupportedRopeError as exc:
             raise UnsupportedModelError(f"{model_type}: {exc}") from exc
-        layers = int(config.num_hidden_layers)
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         return cls(
             model_type=model_type,
             num_layers=layers,
             num_kv_heads=int(heads),
-            head_dim=rope.head_dim,
-            layer_rope=(rope,) * layers,
+            head_dim=layer_rope[0].head_dim,
+            layer_rope=layer_rope,
             key_source=KEY_SOURCES[model_type],
         )
 
@@ -113,10 +138,37 @@ def cache_groups_refusal(num_groups: int) -> str | None:
     )
 
 
-def _sliding_window_layers(config: Any) -> bool:
-    layer_types = getattr(config, "layer_types", None) or ()
-    if any(kind != "full_attention" for kind in layer_types):
-        return True
-    window = getattr(config, "sliding_window", None)
-    use = getattr(config, "use_sliding_window", window is not None)
-    return bool(window) and bool(use) and not layer_types
+def _layer_types(config: Any, layers: int) -> list[str]:
+    """Each layer's attention type ("full_attention", "sliding_attention", ...)."""
+    kinds = list(getattr(config, "layer_types", None) or ())
+    if not kinds:
+        return ["full_attention"] * layers
+    if len(kinds) != layers:
+        raise UnsupportedRopeError(f"{len(kinds)} layer types for {layers} layers")
+    return kinds
+
+
+def _layer_rope(config: Any, layer_type: str, neox: bool) -> RopeSpec:
+    """The RoPE of the layers of ``layer_type``, as vLLM's model applies it.
+
+    transformers 5.x gives Gemma 3 its RoPE per layer type; 4.x gives the global layers
+    ``rope_theta`` + ``rope_scaling`` and the sliding ones ``rope_local_base_freq`` unscaled
+    (vLLM's ``gemma3.py`` reads the same fields).
+    """
+    if layer_type_params(config) is not None:
+        return RopeSpec.from_hf_config(config, is_neox_style=neox, layer_type=layer_type)
+    local_base = getattr(config, "rope_local_base_freq", None)
+    if layer_type == "sliding_attention" and local_base is not None:
+        local = _Local(config, {"rope_type": "default", "rope_theta": float(local_base)})
+        return RopeSpec.from_hf_config(local, is_neox_style=neox)
+    return RopeSpec.from_hf_config(config, is_neox_style=neox)
+
+
+class _Local:
+    """A config seen with other RoPE parameters (a 4.x Gemma 3's sliding layers)."""
+
+    def __init__(self, config: Any, rope_parameters: dict) -> None:
+        self._config, self.rope_parameters, self.rope_scaling = config, rope_parameters, None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._config, name)

@@ -37,13 +37,28 @@ def _get(obj, name: str, default=None):
     return default if value is None else value
 
 
-def _rope_params(config) -> dict:
-    """The flat RoPE parameter dict of a transformers 5.x or 4.x config (``rope_type`` set)."""
+def layer_type_params(config) -> dict[str, dict] | None:
+    """``{layer type: RoPE parameters}`` of a config whose layer types each have their own RoPE
+    (transformers 5.x Gemma 3: ``sliding_attention`` base 1e4, ``full_attention`` base 1e6),
+    or None when one RoPE serves every layer."""
     params = getattr(config, "rope_parameters", None)
     if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
-        raise UnsupportedRopeError(
-            f"per-layer-type RoPE parameters ({sorted(params)}) are not supported"
-        )
+        return params
+    return None
+
+
+def _rope_params(config, layer_type: str | None = None) -> dict:
+    """The flat RoPE parameter dict of a transformers 5.x or 4.x config (``rope_type`` set), for
+    the layers of ``layer_type`` when the config keys its RoPE by layer type."""
+    params = getattr(config, "rope_parameters", None)
+    per_type = layer_type_params(config)
+    if per_type is not None:
+        if layer_type not in per_type:
+            raise UnsupportedRopeError(
+                f"RoPE parameters are given per layer type ({sorted(per_type)}); no layer type"
+                f" {layer_type!r} among them"
+            )
+        params = per_type[layer_type]
     if not isinstance(params, dict) or not params:  # 4.x style: rope_theta + rope_scaling
         params = dict(_get(config, "rope_scaling", {}))
     params = dict(params)
@@ -116,9 +131,12 @@ class RopeSpec:
     rope_type: str
 
     @classmethod
-    def from_hf_config(cls, config, is_neox_style: bool = True) -> RopeSpec:
-        """Build from a transformers config (5.x ``rope_parameters`` or 4.x ``rope_scaling``)."""
-        p = _rope_params(config)
+    def from_hf_config(
+        cls, config, is_neox_style: bool = True, layer_type: str | None = None
+    ) -> RopeSpec:
+        """Build from a transformers config (5.x ``rope_parameters`` or 4.x ``rope_scaling``);
+        ``layer_type`` picks one entry of RoPE parameters given per layer type."""
+        p = _rope_params(config, layer_type)
         rope_type = p["rope_type"]
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise UnsupportedRopeError(

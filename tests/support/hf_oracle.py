@@ -8,6 +8,7 @@ import torch
 
 from inferscale_core.composer import ComposedPrompt
 from inferscale_core.kvstore import KVStore
+from inferscale_core.model_spec import ModelSpec
 from inferscale_core.rope import RopeSpec, shift
 from inferscale_core.types import FactKV
 
@@ -18,15 +19,21 @@ def stack_entries(entries: Sequence[FactKV]) -> tuple[torch.Tensor, torch.Tensor
 
 
 def injected_kv(
-    store: KVStore, composed: ComposedPrompt, spec: RopeSpec
+    store: KVStore, composed: ComposedPrompt, spec: RopeSpec | ModelSpec
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """What injection puts in the cache for ``composed``'s span, computed plainly: each entry's
-    stored keys moved from their origin to their place (``rope.shift``, fp32), and its values.
+    stored keys moved from their origin to their place (``rope.shift``, fp32, with each layer's
+    own RoPE when ``spec`` is a model's), and its values.
     k, v: [layers, span, kv_heads, head_dim] fp32, positions 0..span-1."""
     ks, vs = [], []
     for placed in composed.entries:
         entry = store.get(placed.key)
-        ks.append(shift(entry.k.float(), placed.start - entry.origin, spec))
+        by = placed.start - entry.origin
+        k = entry.k.float()  # [layers, tokens, kv_heads, head_dim]
+        if isinstance(spec, ModelSpec):
+            ks.append(torch.stack([shift(k[i], by, spec.rope(i)) for i in range(k.shape[0])]))
+        else:
+            ks.append(shift(k, by, spec))
         vs.append(entry.v.float())
     return torch.cat(ks, dim=1), torch.cat(vs, dim=1)
 
