@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from inferscale_core.files import fsync_dir
+from inferscale_core.kvstore import head_shards
 from inferscale_core.kvstore.entry_file import (
     SUFFIX,
     EntryHeader,
@@ -92,6 +93,7 @@ class KVStore:
         self._written = threading.Condition()  # notified after every put (see wait_for)
         self._writing: set[str] = set()  # keys a put of this process is writing
         sweep_temp_files(self.root)
+        head_shards.sweep_parts(self.root)
 
     def path(self, key: str) -> Path:
         return Path(self._file(key))
@@ -127,6 +129,29 @@ class KVStore:
         with self._written:
             self._written.notify_all()
         return target
+
+    def put_heads(self, part: FactKV, start: int, total: int) -> Path | None:
+        """Write KV heads ``[start, start + part's heads)`` of an entry of ``total`` heads (one
+        tensor-parallel rank's share of a capture); the whole entry is put once every head is
+        in, by whichever process completes it (:mod:`~inferscale_core.kvstore.head_shards`).
+        Returns the entry's path if this call completed it, else None. All heads at once is
+        :meth:`put`."""
+        if start == 0 and part.k.shape[2] == total:
+            return self.put(part)
+        if self.fingerprint is not None and part.fingerprint != self.fingerprint:
+            raise FingerprintMismatchError(part.key, part.fingerprint, self.fingerprint)
+        self.path(part.key)  # validates the key
+        head_shards.write_part(self.root, part, start, total)
+        parts = head_shards.complete_parts(self.root, part.key, total)
+        if parts is None:
+            return None  # another rank's part is still to come: it will complete the entry
+        try:
+            entry = head_shards.join_parts(part.key, parts)
+        except (FileNotFoundError, EntryMissingError):
+            return None  # another rank joined them first and removed them
+        path = self.put(entry)
+        head_shards.remove_parts(parts)
+        return path
 
     def wait_for(self, keys: Sequence[str], timeout: float) -> list[str]:
         """Wait until every key's entry is written (by this process's store: its file and its

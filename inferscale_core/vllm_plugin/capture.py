@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from inferscale_core.kvstore import KVStore
+from inferscale_core.tp_heads import RankHeads
 from inferscale_core.types import FactKV
 from inferscale_core.vllm_plugin.metadata import SaveOp
 from inferscale_core.vllm_plugin.paged_layouts import (
@@ -146,10 +147,14 @@ class EntryWriter:
     A wave's entries go to ``threads`` writers by key (one key always to the same writer, so two
     captures of one key land in order): each entry's write ends in two fsyncs, which overlap
     across writers; one writer held a 2,541-fact LoCoMo encode at ~7 ms a fact on the H200.
+
+    The entries hold the KV heads ``heads`` of this rank (all of them at TP=1): under tensor
+    parallelism each rank writes its part and the store joins them (:meth:`KVStore.put_heads`).
     """
 
-    def __init__(self, store: KVStore, threads: int = 4) -> None:
+    def __init__(self, store: KVStore, heads: RankHeads, threads: int = 4) -> None:
         self.store = store
+        self.heads = heads
         self._queues: list[queue.SimpleQueue[tuple[Any, list[FactKV]] | None]] = [
             queue.SimpleQueue() for _ in range(threads)
         ]
@@ -179,8 +184,10 @@ class EntryWriter:
                     ready.synchronize()
                 for entry in entries:  # own copies: the captured views share one buffer
                     k, v = _owned(entry.k, pin), _owned(entry.v, pin)
-                    self.store.put(
-                        FactKV(entry.key, entry.token_ids, k, v, entry.fingerprint, entry.origin)
+                    self.store.put_heads(
+                        FactKV(entry.key, entry.token_ids, k, v, entry.fingerprint, entry.origin),
+                        self.heads.start,
+                        self.heads.total,
                     )
             except Exception:  # one bad write must not stop the others
                 log.exception("writing captured KV entries failed")

@@ -32,7 +32,7 @@ from inferscale_core.model_spec import ModelSpec, UnsupportedModelError, cache_g
 from inferscale_core.vllm_plugin.lifetime import die_with_parent
 from inferscale_core.vllm_plugin.metadata import InjectionMetadata
 from inferscale_core.vllm_plugin.scheduler_side import InjectionScheduler
-from inferscale_core.vllm_plugin.worker_side import InjectionWorker
+from inferscale_core.vllm_plugin.worker_side import InjectionWorker, tensor_parallel
 
 if TYPE_CHECKING:
     import torch
@@ -93,7 +93,9 @@ class InferScaleConnector(KVConnectorBase_V1):
                 request_key=bytes.fromhex(key) if key else None,
             )
         elif spec is not None:  # an unsupported model gets no loads: the scheduler refuses
-            self._worker = InjectionWorker(vllm_config, store, spec, extra.get("kv_write", "auto"))
+            tp_rank, tp_size = tensor_parallel(vllm_config)  # one worker side per rank
+            kv_write = extra.get("kv_write", "auto")
+            self._worker = InjectionWorker(vllm_config, store, spec, kv_write, tp_rank, tp_size)
 
     def use_store(self, store: KVStore) -> None:
         """Serve from ``store`` (an app's own, in this process) instead of the one opened from

@@ -16,6 +16,12 @@ Two ways to write, chosen once per engine (``kv_write``):
 
 The load is synchronous, before the forward, and never touches
 ``forward_context.attn_metadata`` (None under full CUDA graphs).
+
+Under tensor parallelism this runs once per rank, and each rank's cache holds only its own KV
+heads (:mod:`inferscale_core.tp_heads`): a load writes that rank's heads of the stored
+all-heads entries, through the backend (the one-kernel writer reads whole entries), and a
+capture writes them as one part of the entry (:meth:`KVStore.put_heads`), which the store joins
+once every rank's part is in.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import torch
 from inferscale_core.kvstore import KVStore
 from inferscale_core.model_spec import ModelSpec
 from inferscale_core.rope import RopeSpec, cos_sin, pure_rotation, shift
+from inferscale_core.tp_heads import RankHeads, rank_heads, slice_heads
 from inferscale_core.vllm_plugin import fused_inject
 from inferscale_core.vllm_plugin.capture import CacheReader, EntryWriter, capture
 from inferscale_core.vllm_plugin.fused_inject import FusedInjector, SourcePiece
@@ -62,6 +69,27 @@ class LoadStats:
     capture_errors: int = 0  # captures that failed (logged; the encoder then times out)
 
 
+def tensor_parallel(vllm_config: VllmConfig) -> tuple[int, int]:
+    """This worker's ``(rank, size)`` in its tensor-parallel group, as vLLM's own connectors
+    ask for it (``get_tensor_model_parallel_rank``: the rank within the TP group, not
+    ``parallel_config.rank``, which counts pipeline stages too). vLLM sets the group up before
+    it builds the connector's worker side (vLLM 0.32 ``gpu_worker.py``: ``init_device``, then
+    ``initialize_from_config`` → ``ensure_kv_transfer_initialized``); without a group (an
+    engine built by hand) the configured size must be 1."""
+    from vllm.distributed import (
+        get_tensor_model_parallel_rank,
+        get_tensor_model_parallel_world_size,
+        model_parallel_is_initialized,
+    )
+
+    if model_parallel_is_initialized():
+        return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+    size = vllm_config.parallel_config.tensor_parallel_size
+    if size != 1:
+        raise RuntimeError(f"tensor parallel size {size}, but vLLM's TP group is not set up")
+    return 0, 1
+
+
 def attention_layers(vllm_config: VllmConfig) -> list[tuple[str, Any]]:
     """The model's attention layers that own a KV cache, in layer order."""
     from vllm.model_executor.layers.attention import Attention
@@ -78,10 +106,17 @@ def attention_layers(vllm_config: VllmConfig) -> list[tuple[str, Any]]:
 
 
 class InjectionWorker:
-    """Executes the step's :class:`LoadOp` list before the forward."""
+    """Executes the step's :class:`LoadOp` list before the forward, as rank ``tp_rank`` of a
+    tensor-parallel group of ``tp_size`` (its own KV heads of each entry)."""
 
     def __init__(
-        self, vllm_config: VllmConfig, store: KVStore, spec: ModelSpec, kv_write: str = "auto"
+        self,
+        vllm_config: VllmConfig,
+        store: KVStore,
+        spec: ModelSpec,
+        kv_write: str = "auto",
+        tp_rank: int = 0,
+        tp_size: int = 1,
     ) -> None:
         if kv_write not in KV_WRITE_MODES:
             modes = ", ".join(KV_WRITE_MODES)
@@ -90,6 +125,7 @@ class InjectionWorker:
         self.vllm_config = vllm_config
         self.store = store
         self.spec = spec
+        self.heads: RankHeads = rank_heads(spec.num_kv_heads, tp_rank, tp_size)
         self.block_size = vllm_config.cache_config.block_size
         self.stats = LoadStats()
         self._layers: list[tuple[str, Any]] | None = None
@@ -106,11 +142,33 @@ class InjectionWorker:
             else:
                 runs.append((rope, index, index + 1))
         self._rope_runs = runs
+        if tp_size > 1:
+            heads = self.heads
+            log.info(
+                "tensor parallel rank %d of %d: loads and captures use KV heads %d..%d of %d"
+                " (captured heads go to the store as this rank's part%s)",
+                tp_rank,
+                tp_size,
+                heads.start,
+                heads.stop - 1,
+                heads.total,
+                "" if heads.writes else f"; rank {tp_rank - tp_rank % heads.replicas} writes it",
+            )
 
     @property
     def layers(self) -> list[tuple[str, Any]]:
         if self._layers is None:
-            self._layers = attention_layers(self.vllm_config)
+            layers = attention_layers(self.vllm_config)
+            heads = self.heads
+            for name, layer in layers:
+                if layer.num_kv_heads != heads.count:
+                    raise RuntimeError(
+                        f"layer {name} holds {layer.num_kv_heads} KV heads, but rank"
+                        f" {heads.rank} of tensor parallel size {heads.size} should hold"
+                        f" {heads.count} of the model's {heads.total}: the model config and"
+                        " vLLM's sharding disagree"
+                    )
+            self._layers = layers
         return self._layers
 
     @property
@@ -146,10 +204,12 @@ class InjectionWorker:
         """After the step's forward: copy out the spans it completed (``meta.saves``)."""
         if not meta.saves:
             return
+        if not self.heads.writes:
+            return  # a replica: the first rank holding these heads writes them
         try:
             if self._reader is None:
                 self._reader = CacheReader(self.layers, self.block_size)
-                self._writer = EntryWriter(self.store)
+                self._writer = EntryWriter(self.store, self.heads)
             assert self._writer is not None
             capture(self._reader, self._writer, meta.saves, str(self.store.fingerprint))
             self.stats.captured += len(meta.saves)
@@ -205,6 +265,12 @@ class InjectionWorker:
         return self._injector
 
     def _why_not_fused(self, first_cache: torch.Tensor) -> str:
+        if not self.heads.full:
+            return (
+                f"tensor parallel rank {self.heads.rank} of {self.heads.size} writes"
+                f" {self.heads.count} of each entry's {self.heads.total} KV heads; the one-kernel"
+                " writer reads all of them"
+            )
         if not fused_inject.available():
             return "Triton is not installed"
         if first_cache.device.type != "cuda":
@@ -269,12 +335,19 @@ class InjectionWorker:
         device, dtype = first_cache.device, first_cache.dtype
         self._check_blocks(op)
         entries = self.store.get_many([piece.key for piece in op.pieces])
-        num_layers, _, kv_heads, head_dim = entries[0].k.shape
+        num_layers, _, stored_heads, head_dim = entries[0].k.shape
         if num_layers != len(layers):
             raise RuntimeError(
                 f"stored KV has {num_layers} layers for {len(layers)}; the scheduler should"
                 " have refused this request"
             )
+        heads = self.heads  # this rank's KV heads of the all-heads entries (all at TP=1)
+        if stored_heads != heads.total:
+            raise RuntimeError(
+                f"stored KV has {stored_heads} KV heads, the model {heads.total}: entries hold"
+                " every head of the model that encoded them"
+            )
+        kv_heads = heads.count
         tokens = op.end - op.start
         k_post = self._scratch("k", (num_layers, tokens, kv_heads, head_dim), dtype, device)
         v_all = self._scratch("v", (num_layers, tokens, kv_heads, entries[0].v.shape[-1]), dtype)
@@ -286,14 +359,15 @@ class InjectionWorker:
         for piece, entry in zip(op.pieces, entries, strict=True):
             at = piece.dst_start - op.start
             n = piece.src_end - piece.src_start
-            k_stored = entry.k[:, piece.src_start : piece.src_end].to(device, non_blocking=True)
+            k_rank, v_rank = slice_heads(entry.k, heads), slice_heads(entry.v, heads)  # views
+            k_stored = k_rank[:, piece.src_start : piece.src_end].to(device, non_blocking=True)
             if in_place:
                 k_post[:, at : at + n] = k_stored
                 shifts[at : at + n] = piece.shift
             else:
                 for rope, lo, hi in self._rope_runs:  # one run when every layer shares its RoPE
                     shift(k_stored[lo:hi], piece.shift, rope, out=k_post[lo:hi, at : at + n])
-            v_all[:, at : at + n] = entry.v[:, piece.src_start : piece.src_end]
+            v_all[:, at : at + n] = v_rank[:, piece.src_start : piece.src_end]
         if in_place:
             rotary = self._rotary()
             for rope, lo, hi in self._rope_runs:
