@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -31,7 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -131,10 +133,12 @@ def statements(n: int, seed: int) -> list[str]:
 
 
 class Load:
-    def __init__(self, base: str, tokens: dict[str, str], max_tokens: int) -> None:
+    def __init__(
+        self, base: str, tokens: dict[str, str], max_tokens: int, model: str = "bench"
+    ) -> None:
         import httpx
 
-        self.base, self.tokens, self.max_tokens = base, tokens, max_tokens
+        self.base, self.tokens, self.max_tokens, self.model = base, tokens, max_tokens, model
         limits = httpx.Limits(max_connections=len(tokens) + 16)
         self.client = httpx.AsyncClient(base_url=base, limits=limits, timeout=600)
         self.asked = 0
@@ -168,22 +172,31 @@ class Load:
                 await asyncio.sleep(0.5)
         return time.perf_counter() - t0
 
-    async def ask(self, user: str, mode: str, k: int) -> dict[str, Any]:
-        """One streamed request: client TTFT (the first token's chunk), total, what it
-        used."""
+    def body(
+        self, mode: str, k: int, *, stream: bool = True, store: bool = False
+    ) -> dict[str, Any]:
+        """A chat completion request with a fresh question."""
         self.asked += 1
-        body = {
-            "model": "bench",
+        return {
+            "model": self.model,
             "messages": [
                 {"role": "user", "content": f"What did my friend say on day {self.asked}?"}
             ],
             "max_tokens": self.max_tokens,
             "temperature": 0,
-            "stream": True,
-            "store": False,
-            "stream_options": {"include_usage": True},
+            "stream": stream,
+            "store": store,
+            **({"stream_options": {"include_usage": True}} if stream else {}),
             "memory": {"mode": mode, "k": k},
         }
+
+    async def ask(
+        self, user: str, mode: str, k: int, *, store: bool = False, hang_up: int = 0
+    ) -> dict[str, Any]:
+        """One streamed request: client TTFT (the first token's chunk), total, what it
+        used. ``hang_up``: close the connection after that many chunks (the server aborts
+        the request)."""
+        body = self.body(mode, k, store=store)
         t0 = time.perf_counter()
         ttft, last, chunks = None, {}, 0
         async with self.client.stream(
@@ -201,6 +214,8 @@ class Load:
                 if ttft is None and chunks == 2:
                     ttft = time.perf_counter() - t0
                 last = piece
+                if chunks == hang_up:
+                    break
         memories = last.get("memories") or []
         return {
             "ttft_s": ttft,
@@ -265,14 +280,29 @@ async def measure(load: Load, args: argparse.Namespace, users: list[str]) -> dic
     return result
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclass(slots=True)
+class Running:
+    """A server started by :func:`running_server`."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    tokens: dict[str, str]  # user name -> API token
+    start_s: float  # until /health answered
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+
+@contextlib.contextmanager
+def running_server(args: argparse.Namespace, out: Path, names: Sequence[str]) -> Iterator[Running]:
+    """Users ``names`` (the real ``Users``) and the server over them, in a process of its own
+    (its log: ``OUT/serve_http_server.log``); stopped, and its data removed, on exit."""
     from app.serve.users import Users
 
-    out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = Path(tempfile.mkdtemp(prefix="serve-bench-"))
     users_db = Users(data / "users.db")
-    names = [f"user{i:03d}" for i in range(args.users)]
     tokens = {name: users_db.add(name) for name in names}
     users_db.close()
     port = free_port()
@@ -280,37 +310,50 @@ def run(args: argparse.Namespace) -> int:
     command += ["--port", str(port), "--k", str(args.k), "--step-tokens", str(args.step_tokens)]
     if args.dummy_config:
         command += ["--dummy-config", args.dummy_config, "--tokenizer", str(args.tokenizer)]
-    log = (out / "serve_http_server.log").open("wb")
-    t0 = time.perf_counter()
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with (out / "serve_http_server.log").open("wb") as log:
+        server = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         started = wait_healthy(port, server, args.start_timeout)
         print(f"server up in {started:.0f} s", flush=True)
-        facts = {name: statements(args.facts, i) for i, name in enumerate(names)}
+        yield Running(server, port, tokens, started)
+    finally:
+        stop(server)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+async def seed(load: Load, per_user: int) -> dict[str, float]:
+    """``per_user`` facts for each of the load's users through ``POST /v1/memories``, then
+    wait until the server has encoded them all."""
+    facts = {name: statements(per_user, i) for i, name in enumerate(load.tokens)}
+    added = await load.remember(facts)
+    encoded = await load.wait_encoded()
+    print(
+        f"{len(facts) * per_user} facts added in {added:.1f} s, encoded {encoded:.1f} s after",
+        flush=True,
+    )
+    return {"facts_added_s": added, "facts_encoded_after_s": encoded}
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out_dir)
+    names = [f"user{i:03d}" for i in range(args.users)]
+    t0 = time.perf_counter()
+    with running_server(args, out, names) as server:
 
         async def main() -> dict[str, Any]:
-            load = Load(f"http://127.0.0.1:{port}/v1", tokens, args.max_tokens)
+            load = Load(server.base, server.tokens, args.max_tokens)
             try:
-                added = await load.remember(facts)
-                encoded = await load.wait_encoded()
-                print(
-                    f"{args.users * args.facts} facts added in {added:.1f} s,"
-                    f" encoded {encoded:.1f} s after",
-                    flush=True,
-                )
-                measured = await measure(load, args, names)
-                measured.update(facts_added_s=added, facts_encoded_after_s=encoded)
-                return measured
+                seeded = await seed(load, args.facts)
+                return {**await measure(load, args, names), **seeded}
             finally:
                 await load.close()
 
         result = asyncio.run(main())
-    finally:
-        stop(server)
-        shutil.rmtree(data, ignore_errors=True)
     result = {
         **provenance("serve_http", args.dummy_config or "SmolLM2-135M-Instruct", args.command),
-        "server_start_s": started,
+        "server_start_s": server.start_s,
         "users": args.users,
         "facts_per_user": args.facts,
         "wall_s": time.perf_counter() - t0,
@@ -354,6 +397,24 @@ def wait_healthy(port: int, server: subprocess.Popen[bytes], timeout: float) -> 
     raise TimeoutError(f"the server did not start in {timeout:.0f} s")
 
 
+def server_arguments(parser: argparse.ArgumentParser, users: int, facts: int, k: int) -> None:
+    """The options of the server and its users (this bench's, and ``bench.serve_soak``'s)."""
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--dummy-config", help="dummy weights of a model shape (llama-3.1-8b)")
+    parser.add_argument("--tokenizer", type=Path, help="tokenizer folder for --dummy-config")
+    parser.add_argument("--users", type=int, default=users, help=f"users ({users})")
+    parser.add_argument("--facts", type=int, default=facts, help=f"facts per user ({facts})")
+    parser.add_argument("--k", type=int, default=k, help=f"memories per request ({k})")
+    parser.add_argument("--max-tokens", type=int, default=32, help="reply tokens (32)")
+    parser.add_argument(
+        "--step-tokens",
+        type=int,
+        default=0,
+        help="max_num_batched_tokens (0: vLLM's own, as the in-process throughput suite)",
+    )
+    parser.add_argument("--start-timeout", type=float, default=420.0)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m bench.serve_http", description=__doc__)
@@ -366,22 +427,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.add_argument("--tokenizer")
         serve(parser.parse_args(argv[1:]))
         return 0
-    parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--dummy-config", help="dummy weights of a model shape (llama-3.1-8b)")
-    parser.add_argument("--tokenizer", type=Path, help="tokenizer folder for --dummy-config")
-    parser.add_argument("--users", type=int, default=100, help="concurrent users (100)")
-    parser.add_argument("--facts", type=int, default=60, help="facts per user (60)")
-    parser.add_argument("--k", type=int, default=50, help="memories per request (50)")
+    server_arguments(parser, users=100, facts=60, k=50)
     parser.add_argument("--ks", default="5,20,50", help="k of the TTFT sweep (5,20,50)")
     parser.add_argument("--runs", type=int, default=10, help="TTFT requests per k and mode (10)")
-    parser.add_argument("--max-tokens", type=int, default=32, help="reply tokens (32)")
-    parser.add_argument(
-        "--step-tokens",
-        type=int,
-        default=0,
-        help="max_num_batched_tokens (0: vLLM's own, as the in-process throughput suite)",
-    )
-    parser.add_argument("--start-timeout", type=float, default=420.0)
     args = parser.parse_args(argv)
     args.ks = [int(k) for k in args.ks.split(",") if k]
     args.command = "python -m bench.serve_http " + " ".join(argv)

@@ -1,4 +1,5 @@
-"""Durable file writes: the one atomic-write helper every module uses.
+"""Durable file writes: the one atomic-write helper every module uses, and private files made
+without a second descriptor on a live database.
 
 A reader sees the old file or the new one, never half of either: the content goes to a
 temporary file in the same folder, is flushed to disk, renamed over the target, and the folder
@@ -15,6 +16,18 @@ from pathlib import Path
 
 FILE_MODE = 0o600  # memories and settings are private
 TEMP_PREFIX = ".tmp-"
+
+
+def create_private(path: Path | str, mode: int = FILE_MODE) -> None:
+    """Create ``path`` empty with ``mode`` unless it exists.
+
+    An existing file is left unopened: a database SQLite has open in this process must never
+    get a second descriptor, since closing that one drops every POSIX lock the process holds
+    on the file, SQLite's too (another process may then take the file as unused, checkpoint
+    and delete the WAL under the live connections).
+    """
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode))
 
 
 def fsync_dir(path: Path | str) -> None:

@@ -76,8 +76,8 @@ class Hub:
         self.assistant = assistant
         self.config = config
         self.db_path = Path(db_path)
-        # Created and migrated once, before desks open it from several threads at once (first
-        # opens racing on a new file failed with "file is not a database", then recovered).
+        # Created and migrated once, at start: a file that cannot be opened stops the server
+        # here, not at a user's first request.
         FactLog.open(self.db_path).close()
         self.embedder = embedder or SentenceTransformerEmbedder()
         self._desks: dict[str, Desk] = {}

@@ -21,6 +21,8 @@ from pathlib import Path
 
 from sqlite_utils import Database
 
+from inferscale_core.files import create_private
+
 TOKEN_PREFIX = "isk-"
 NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 
@@ -50,7 +52,7 @@ class Users:
     def __init__(self, path: Path) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        create_private(path)  # never a second descriptor on a live database (files.py)
         os.chmod(path, 0o600)
         self.path = path
         # Made on the main thread, used on the server's event loop (one thread at a time).

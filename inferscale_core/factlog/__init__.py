@@ -50,6 +50,8 @@ Decisions:
 * Every write is one ``BEGIN IMMEDIATE`` transaction (:meth:`FactLog.transaction`); callers
   that need several calls to be atomic wrap them in it, and the calls nest as savepoints.
 * One ``FactLog`` (one sqlite3 connection) per thread; several processes may share the file.
+  Nothing but SQLite opens an existing log: closing another descriptor of it would drop the
+  POSIX locks that tell other processes this one still uses the WAL.
 """
 
 from __future__ import annotations

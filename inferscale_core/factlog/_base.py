@@ -26,6 +26,7 @@ from sqlite_utils import Database
 
 from inferscale_core.factlog._transaction import immediate_transaction
 from inferscale_core.factlog.migrations import migrate
+from inferscale_core.files import create_private
 from inferscale_core.types import Fact
 
 logger = logging.getLogger(__name__)
@@ -89,10 +90,16 @@ def fact_from_row(row: Sequence[Any]) -> Fact:
 
 
 def _create_private_file(path: Path) -> None:
-    """Create ``path`` as 0600 before SQLite opens it; tighten it (and its WAL) if looser."""
+    """Create ``path`` as 0600 before SQLite opens it; tighten it (and its WAL) if looser.
+
+    An existing file is not opened (:func:`create_private`): every ``open`` of the log, a
+    memory worker's too, would otherwise drop the POSIX locks this process's live connections
+    hold on it, and the next connection of another process to close (a CLI, a backup) would
+    delete the WAL under them: the connection opened next here then read a new WAL through the
+    old index ("disk I/O error", "file is not a database", rows of other tables).
+    """
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    os.close(fd)
+    create_private(path)
     if os.name != "posix":  # Windows has no group/other bits to tighten
         return
     for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm"), Path(f"{path}-journal")):

@@ -210,6 +210,31 @@ def test_open_tightens_a_looser_existing_file(tmp_path, caplog):
     assert "readable by others" in caplog.text
 
 
+def test_opening_it_again_keeps_the_locks_other_processes_see(tmp_path):
+    """Closing any descriptor of a file drops every POSIX lock the process holds on it. If a
+    second open here did that to the first connection's locks, another process's connection
+    would close as if it were the last one, checkpoint and delete the WAL under the first, and
+    the next connection opened here would read a new WAL through the old index ("disk I/O
+    error", "file is not a database", rows of other tables: the server's memory workers at
+    their first read, after the serve tests read the file)."""
+    path = tmp_path / "memory.db"
+    first = FactLog.open(path)
+    p = first.profile()
+    first.add_fact(p, "My friend Ana lives in Lisbon.")
+    second = FactLog.open(path)  # as a memory worker opens its own
+    reader = "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('SELECT 1 FROM facts')"
+    subprocess.run([sys.executable, "-c", reader, str(path)], check=True, timeout=60)
+    assert Path(f"{path}-wal").exists()
+    first.add_fact(p, "My friend Bo lives in Oslo.")
+    with FactLog.open(path) as third:
+        assert [f.text for f in third.active_facts(p)] == [
+            "My friend Ana lives in Lisbon.",
+            "My friend Bo lives in Oslo.",
+        ]
+    second.close()
+    first.close()
+
+
 # -- conversations and turns -----------------------------------------------------------------
 
 
