@@ -1,5 +1,6 @@
 """``serve`` end to end on the CPU engine: the official ``openai`` client against the real
-server on loopback, two users with 50 memories each, errors, disconnects and a kill -9."""
+server on loopback, two users with 50 memories each, errors, disconnects, the soak bench's load
+for 15 s and a kill -9."""
 
 from __future__ import annotations
 
@@ -244,6 +245,33 @@ def test_logs_hold_no_memory_text(server, memories):
     text = server.log.read_text(errors="replace")
     leaked = [fact for fact in ana_facts() + bo_facts() if fact in text]
     assert not leaked, leaked[:3]
+
+
+def test_the_soak_bench_load_runs_without_errors(server):
+    """bench/serve_soak.py's mixed load (chats streamed or not, hang-ups, remember, forget,
+    search) on this server for 15 s: every request succeeds, the hung-up ones leave the
+    engine, and the report samples every process's memory (its figures go to BENCHMARKS.md,
+    not to a test's threshold)."""
+    import asyncio
+
+    from bench.serve_soak import SoakSettings, soak
+
+    server.tokens["soak"] = server.add_user("soak")
+    tokens = {"soak": server.tokens["soak"]}
+    settings = SoakSettings(seconds=15, clients=4, warmup_s=5, sample_s=2)
+    report = asyncio.run(
+        soak(server.base, tokens, server.proc.pid, settings, model=model_name(server))
+    )
+    assert report["errors"] == 0, report["error_examples"]
+    assert report["requests"] >= settings.clients
+    assert len(report["samples"]) >= 3
+    rss = report["rss"]
+    assert rss["baseline_mib"] > 0 and rss["end_mib"] > 0
+    assert len(rss["processes"]) >= 2  # the server and vLLM's engine core
+    deadline = time.monotonic() + 20
+    while status(server, "soak")["requests_in_engine"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert status(server, "soak")["requests_in_engine"] == 0
 
 
 def test_kill9_during_encoding_loses_and_duplicates_nothing(server, memories):
