@@ -40,7 +40,7 @@ SYNC_THRESHOLD = 64  # more new facts than this: rebuild the index from stored e
 
 @dataclass(slots=True)
 class SessionConfig:
-    k: int = 10  # facts retrieved per turn
+    k: int = 50  # facts retrieved per turn (AppConfig.k says why 50)
     w: int = 20  # context turns each fact is encoded with
     window: str = ANCHORED  # which turns those are (inferscale_core.context_window)
     history_turns: int = 6  # recent turns of this conversation kept in the prompt

@@ -13,7 +13,7 @@ from inferscale_core.config import AppConfig, ConfigError, load, save
 def test_defaults_and_a_missing_file(tmp_path):
     config = load(tmp_path / "nope.toml")
     assert config == AppConfig()
-    assert (config.model, config.k, config.w, config.gpu_pool_gib) == (None, 10, 20, 0)
+    assert (config.model, config.k, config.w, config.gpu_pool_gib) == (None, 50, 20, 0)
     assert (config.profile, config.extractor) == ("default", "auto")
 
 

@@ -115,7 +115,7 @@ def test_no_command_opens_the_chat(monkeypatch, home, capsys):
     monkeypatch.setattr(chat_cmd.sys.stdin, "isatty", lambda: True)
     monkeypatch.setattr(chat_cmd.sys.stdout, "isatty", lambda: True)
     assert cli.main([]) == 0
-    assert opened and opened[0].model is None and opened[0].k == 10
+    assert opened and opened[0].model is None and opened[0].k == 50
 
 
 @pytest.mark.parametrize(

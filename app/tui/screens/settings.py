@@ -32,7 +32,7 @@ RESTART_KEYS = (
 
 FIELDS = (
     ("model", "Model: a folder, a .gguf file or an added name; empty = SmolLM2 (restart)"),
-    ("k", "k: memories retrieved per reply (from the next reply)"),
+    ("k", "k: memories retrieved per reply, default 50 (from the next reply)"),
     ("recompute", "r: of those, the best r prefilled with the question, not injected (next reply)"),
     ("w", "w: context turns each memory is encoded with (restart; re-encodes)"),
     ("gpu_pool_gib", "GPU pool budget for the KV store, GiB; 0 = no device tier (restart)"),
