@@ -317,7 +317,8 @@ def test_retrieval_smoke_exact_on_the_cpu_cagra_skipped(tmp_path):
 
 
 def test_minilm_forward_computes_what_the_embedder_does():
-    """The embed timing's transformers-only path is the product's computation."""
+    """The embed timing's transformers-only path is the product's computation (in float32:
+    the product may run MiniLM in bfloat16 on this CPU, see test_embedder.py)."""
     from inferscale_core.embedder import SentenceTransformerEmbedder
     from inferscale_core.model_files import minilm_dir
 
@@ -325,7 +326,7 @@ def test_minilm_forward_computes_what_the_embedder_does():
     forward = retrieval.MiniLMForward(minilm_dir(), torch.device("cpu"))
     assert forward.trained
     ours = torch.cat([forward(text) for text in texts])  # [2, 384]
-    theirs = SentenceTransformerEmbedder().embed(texts)  # [2, 384]
+    theirs = SentenceTransformerEmbedder(dtype="float32").embed(texts)  # [2, 384]
     assert torch.allclose(ours, theirs, atol=1e-5)
 
 

@@ -1,0 +1,63 @@
+"""The embedder: the modules called directly compute what sentence-transformers' encode does,
+and bfloat16 (the default on a CPU with native bfloat16) stays within a rounding of float32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferscale_core.embedder import SentenceTransformerEmbedder, default_dtype
+
+TEXTS = [
+    "What did Nadia bake?",
+    "Tomas adopted a beagle mix from the shelter in 2023.",
+    "ok",
+    "My sister Ines moved to Lisbon in March 2024, after her job at the museum ended. " * 3,
+    *(f"Fact {i}: the grey cat Miso likes the sunny window" for i in range(70)),
+]  # 74 texts of mixed lengths: two batches of 64 and 10, sorted by length inside
+
+
+@pytest.fixture(scope="module")
+def fp32() -> SentenceTransformerEmbedder:
+    return SentenceTransformerEmbedder(dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def bf16() -> SentenceTransformerEmbedder:
+    return SentenceTransformerEmbedder(dtype="bfloat16")
+
+
+def test_float32_equals_encode_in_the_callers_order(fp32):
+    model = fp32._load()
+    theirs = model.encode(
+        TEXTS, convert_to_tensor=True, normalize_embeddings=True, show_progress_bar=False
+    )  # [74, 384]
+    ours = fp32.embed(TEXTS)
+    assert ours.shape == (len(TEXTS), 384) and ours.dtype == torch.float32
+    assert (ours - theirs).abs().max() < 1e-6
+    one = torch.cat([fp32.embed([text]) for text in TEXTS[:5]])  # unpadded, one at a time
+    assert (one - theirs[:5]).abs().max() < 1e-5
+
+
+def test_bfloat16_is_float32_within_a_rounding(fp32, bf16):
+    ref, got = fp32.embed(TEXTS), bf16.embed(TEXTS)
+    assert got.dtype == torch.float32  # pooled and normalised in float32
+    assert torch.allclose(got.norm(dim=1), torch.ones(len(TEXTS)), atol=1e-5)
+    assert (ref * got).sum(dim=1).min() > 0.999  # cosine to the float32 vector
+    # its vectors are stored under a name of their own: never mixed with float32 ones
+    assert bf16.name == fp32.name + "+bf16"
+    # what retrieval relies on: a paraphrase is nearer than an unrelated sentence
+    tea = bf16.embed(["I like tea", "I enjoy drinking tea", "The bus was late"])
+    assert tea[0] @ tea[1] > tea[0] @ tea[2]
+
+
+def test_default_dtype_follows_the_hardware():
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    assert default_dtype("cpu") == (torch.bfloat16 if native else torch.float32)
+    assert default_dtype("cuda") == torch.float32
+    assert SentenceTransformerEmbedder().dtype == default_dtype("cpu")
+
+
+def test_a_bad_dtype_is_refused():
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        SentenceTransformerEmbedder(dtype="float16")
