@@ -26,6 +26,7 @@ _SENTINEL = "\u2063INFERSCALE_MEMORY\u2063"
 KV_PARAMS_KEY = "inferscale"
 KV_PARAMS_VERSION = 1
 FACT_IDS_CACHE = 1 << 16  # fact lines whose token ids a layout remembers
+SUFFIX_IDS_CACHE = 256  # (question, history) suffixes a layout remembers (turns in flight)
 
 
 class Tokenizer(Protocol):
@@ -148,6 +149,8 @@ class ChatLayout:
     def __init__(self, tokenizer: Tokenizer, system_prompt: str) -> None:
         self.tokenizer = tokenizer
         self._fact_ids: dict[str, tuple[int, ...]] = {}  # line -> its ids (fact_ids)
+        # (question, history) -> the suffix's ids (suffix_ids)
+        self._suffix_ids: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, ...]] = {}
         self.system_prompt = system_prompt.strip()
         prefix_text, _ = self._split(question="?")
         self.prefix_ids: list[int] = tokenizer.encode(prefix_text, add_special_tokens=False)
@@ -180,9 +183,19 @@ class ChatLayout:
             )
 
     def suffix_ids(self, question: str, history: Sequence[tuple[str, str]] = ()) -> list[int]:
-        """End of the system turn, recent turns, the user's question, the assistant header."""
-        _, suffix = self._split(question, history)
-        return self.tokenizer.encode(suffix, add_special_tokens=False)
+        """End of the system turn, recent turns, the user's question, the assistant header.
+        Remembered: a turn asks for the same suffix up to three times (its budget with and
+        without history, then the layout), each a chat-template render and a tokenizer call
+        (0.22 ms apiece for SmolLM2 on the CPU, a third of preparing a k=50 turn)."""
+        key = (question, tuple(history))
+        ids = self._suffix_ids.get(key)
+        if ids is None:
+            if len(self._suffix_ids) >= SUFFIX_IDS_CACHE:
+                self._suffix_ids.clear()
+            _, suffix = self._split(question, history)
+            ids = tuple(self.tokenizer.encode(suffix, add_special_tokens=False))
+            self._suffix_ids[key] = ids
+        return list(ids)
 
     def fact_ids(self, line: str) -> list[int]:
         """Token ids of one fact line, tokenized alone (as stored with its KV). Remembered:

@@ -9,6 +9,7 @@ ever dropped while encoding catches up.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from inferscale_core.context_window import ANCHORED, encoding_version
 from inferscale_core.engine import Engine
 from inferscale_core.factlog import FactLog
 from inferscale_core.generation import GREEDY, LoopGuard, Sampling
-from inferscale_core.kvstore import KVStore
+from inferscale_core.kvstore import EntryMissingError, KVStore
 from inferscale_core.memory_worker import MemoryWorker
 from inferscale_core.prompt_budget import fit_turn
 from inferscale_core.prompt_builder import MemoryFact, PromptBuilder
@@ -181,7 +182,13 @@ class Session:
         text when its KV is not ready, or when it is one of the ``recompute`` best hits (then
         it is prefilled with the question, after every injected fact, and attends to them)."""
         entries, lines, used = [], [], []
-        fingerprint = self.builder.fingerprint
+        injectable = [h.fact.id for h in hits if h.rank > self.config.recompute]
+        # one query and one folder stat for all the hits (not a query and 3 stats each)
+        keys = self.factlog.kv_keys_for(
+            injectable, self.builder.fingerprint, self.config.w, self.encoding
+        )
+        headers = self.store.header_reader()
+        tiers = self.store.fastest_tiers(keys.values())
         for hit in hits:
             fact = hit.fact
             when = fact.refers_to.isoformat() if fact.refers_to else None
@@ -189,11 +196,16 @@ class Session:
                 lines.append(fact_line(fact.text, fact.refers_to))
                 used.append(InjectedFact(fact.id, fact.text, when, hit.score, "recomputed"))
                 continue
-            key = self.factlog.kv_key(fact.id, fingerprint, self.config.w, self.encoding)
-            if key is not None and self.store.has(key):
-                entries.append((key, list(self.store.header(key).token_ids)))
-                tier = (self.store.where(key) or [None])[0]  # fastest tier holding it
-                used.append(InjectedFact(fact.id, fact.text, when, hit.score, "injected", tier))
+            key = keys.get(fact.id)
+            header = None
+            if key is not None:
+                with contextlib.suppress(EntryMissingError):  # forgotten, or not stored yet
+                    header = headers([key])[0]
+            if header is not None:
+                entries.append((key, list(header.token_ids)))
+                used.append(
+                    InjectedFact(fact.id, fact.text, when, hit.score, "injected", tiers[key])
+                )
             else:
                 lines.append(fact_line(fact.text, fact.refers_to))
                 used.append(InjectedFact(fact.id, fact.text, when, hit.score, "text"))

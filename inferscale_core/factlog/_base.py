@@ -32,6 +32,16 @@ from inferscale_core.types import Fact
 logger = logging.getLogger(__name__)
 
 BUSY_TIMEOUT_MS = 10_000
+IN_BATCH = 500  # ids per "IN (...)" query (SQLite allows 32,766 parameters; stay far below)
+
+
+def id_chunks(ids: Sequence[int]) -> list[tuple[list[int], str]]:
+    """``ids`` without repeats, in chunks of :data:`IN_BATCH`, each with its ``?,?,…``
+    placeholders for an ``IN (...)`` clause."""
+    unique = list(dict.fromkeys(int(i) for i in ids))
+    chunks = [unique[start : start + IN_BATCH] for start in range(0, len(unique), IN_BATCH)]
+    return [(chunk, ",".join("?" * len(chunk))) for chunk in chunks]
+
 
 FACT_COLUMNS = "id, profile_id, text, refers_to, source_turn_ids, status, supersedes, created_at"
 """The ``facts`` columns :func:`fact_from_row` expects, in its order."""

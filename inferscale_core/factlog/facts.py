@@ -18,6 +18,7 @@ from inferscale_core.factlog._base import (
     FACT_COLUMNS,
     fact_from_row,
     fact_text_hash,
+    id_chunks,
     like_pattern,
     normalize_fact_text,
     utc_now,
@@ -30,8 +31,6 @@ from inferscale_core.factlog.replies import ReplyDetailsMixin
 from inferscale_core.types import Fact
 
 logger = logging.getLogger(__name__)
-
-_IN_BATCH = 500  # ids per "IN (...)" query (SQLite allows 32,766 parameters; stay far below)
 
 
 def _refers_to_text(refers_to: date | str | None) -> str | None:
@@ -248,11 +247,9 @@ class FactsMixin(AuditMixin, KVIndexMixin, EmbeddingsMixin, ReplyDetailsMixin):
         """``{id: Fact}`` of those ``ids`` that are active facts of the profile (one query; a
         search re-reads its hits with it: a forgotten or replaced id is simply absent)."""
         found: dict[int, Fact] = {}
-        unique = list(dict.fromkeys(int(i) for i in ids))
-        for start in range(0, len(unique), _IN_BATCH):
-            chunk = unique[start : start + _IN_BATCH]
+        for chunk, marks in id_chunks(ids):
             rows = self.db.execute(
-                f"SELECT {FACT_COLUMNS} FROM facts WHERE id IN ({','.join('?' * len(chunk))})"
+                f"SELECT {FACT_COLUMNS} FROM facts WHERE id IN ({marks})"
                 " AND profile_id = ? AND status = 'active'",
                 (*chunk, profile_id),
             ).fetchall()
@@ -263,13 +260,11 @@ class FactsMixin(AuditMixin, KVIndexMixin, EmbeddingsMixin, ReplyDetailsMixin):
         """``{fact id: speaker of its first source turn}`` for those ``ids`` that have one
         (who said it; a fact added by hand, or whose conversation was deleted, has none)."""
         found: dict[int, str] = {}
-        unique = list(dict.fromkeys(int(i) for i in ids))
-        for start in range(0, len(unique), _IN_BATCH):
-            chunk = unique[start : start + _IN_BATCH]
+        for chunk, marks in id_chunks(ids):
             rows = self.db.execute(
                 "SELECT f.id, t.speaker FROM facts f"
                 " JOIN turns t ON t.id = json_extract(f.source_turn_ids, '$[0]')"
-                f" WHERE f.id IN ({','.join('?' * len(chunk))})",
+                f" WHERE f.id IN ({marks})",
                 chunk,
             ).fetchall()
             found.update(rows)

@@ -11,7 +11,15 @@ back and deletes the tensors.
 
 from __future__ import annotations
 
-from inferscale_core.factlog._base import FACT_COLUMNS, FactLogBase, fact_from_row, utc_now
+from collections.abc import Sequence
+
+from inferscale_core.factlog._base import (
+    FACT_COLUMNS,
+    FactLogBase,
+    fact_from_row,
+    id_chunks,
+    utc_now,
+)
 from inferscale_core.types import Fact
 
 
@@ -84,6 +92,24 @@ class KVIndexMixin(FactLogBase):
             " AND w = ? AND encoder_version = ?",
             (fact_id, model_fingerprint, w, str(encoder_version)),
         )
+
+    def kv_keys_for(
+        self,
+        fact_ids: Sequence[int],
+        model_fingerprint: str,
+        w: int,
+        encoder_version: str | int,
+    ) -> dict[int, str]:
+        """:meth:`kv_key` of many facts in one query: ``{fact id: key}`` of those encoded."""
+        found: dict[int, str] = {}
+        for chunk, marks in id_chunks(fact_ids):
+            rows = self.db.execute(
+                "SELECT fact_id, location FROM kv_entries WHERE model_fingerprint = ? AND w = ?"
+                f" AND encoder_version = ? AND fact_id IN ({marks})",
+                (model_fingerprint, w, str(encoder_version), *chunk),
+            ).fetchall()
+            found.update(rows)
+        return found
 
     def kv_keys(self, fact_id: int) -> list[str]:
         """Every KV entry key recorded for a fact (all models and encodings), sorted."""

@@ -61,6 +61,11 @@ def test_history_goes_into_the_suffix_only(tokenizer):
     assert len(with_history) > len(plain)
     # two history turns, the question, the assistant header
     assert tokenizer.decode(with_history).count("<|im_start|>") == 4
+    # remembered per (question, history), and a caller's edit never reaches the memo
+    plain.append(-1)
+    assert layout.suffix_ids("Q?") == plain[:-1]
+    assert layout.suffix_ids("Q?", [("user", "hi"), ("assistant", "hello")]) == with_history
+    assert layout.suffix_ids("Q?", [("user", "hi")]) != with_history
 
 
 class _DropsSystem:

@@ -504,6 +504,15 @@ def test_facts_without_kv_and_record_kv(log):
     assert log.record_kv(b, "fp", 2, "v1", "/kv/b2", 4, 400) == "/kv/b1"
     assert log.record_kv(b, "fp", 2, "v1", "/kv/b2", 4, 400) is None
     assert count(log, "SELECT count(*) FROM kv_entries") == 1
+    # many facts' keys in one query: only this encoding's, only encoded facts
+    log.record_kv(c, "fp", 2, "v2", "/kv/c-v2", 4, 400)
+    assert log.kv_keys_for([a, b, c, b], "fp", 2, "v1") == {b: "/kv/b2"}
+    assert log.kv_keys_for([a, b, c], "fp", 2, "v2") == {c: "/kv/c-v2"}
+    assert log.kv_keys_for([], "fp", 2, "v1") == {}
+    assert all(
+        log.kv_key(f, "fp", 2, "v1") == log.kv_keys_for([f], "fp", 2, "v1").get(f)
+        for f in (a, b, c)
+    )
 
 
 def test_profiles_are_isolated(log):
