@@ -98,7 +98,8 @@ def add(app: FastAPI, inbox: Path | None) -> None:
         def run() -> list[dict[str, Any]]:
             session = desk.session
             session.sync_changes()
-            hits = session.retriever.search(session.profile_id, body.query, body.k)
+            k = session.config.k if body.k is None else body.k
+            hits = session.retriever.search(session.profile_id, body.query, k)
             return [
                 dict(fact_json(h.fact), score=round(h.score, 4), rank=h.rank)
                 for h in sorted(hits, key=lambda h: h.rank)

@@ -110,7 +110,7 @@ class NewMemory(Strict):
 
 class MemorySearch(Strict):
     query: str = Field(min_length=1, max_length=4000)
-    k: int = Field(default=10, ge=1, le=200)
+    k: int | None = Field(default=None, ge=1, le=200)  # None: the server's k, as a chat uses
 
 
 def completion_id() -> str:

@@ -195,6 +195,21 @@ def test_errors(server, memories):
         client(server, "bo").chat.completions.create(model="gpt-4o", messages=body["messages"])
 
 
+def test_search_retrieves_what_a_chat_would(server, memories):
+    """Without a k, a search returns the server's k (the config's 10, what a chat injects);
+    only the caller's own facts, best first."""
+    ana = auth(server.tokens["ana"])
+    question = QUESTIONS["ana"][0]
+    r = httpx.post(f"{server.base}/memories/search", json={"query": question}, headers=ana)
+    assert r.status_code == 200, r.text
+    hits = r.json()["data"]
+    assert len(hits) == 10 and [h["rank"] for h in hits] == list(range(1, 11))
+    assert {h["id"] for h in hits} <= memories["ana"]
+    r = httpx.post(f"{server.base}/memories/search", json={"query": question, "k": 3}, headers=ana)
+    found = r.json()["data"]  # its own search (2k candidates a list): not hits[:3] always
+    assert len(found) == 3 and {h["id"] for h in found} <= memories["ana"]
+
+
 def test_a_client_that_goes_away_aborts_its_request(server, memories):
     body = {
         "model": model_name(server),
