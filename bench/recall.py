@@ -62,6 +62,7 @@ def run_recall(
     sample_ids: Sequence[str] | None = None,
     latency_facts: int = 0,
     latency_queries: int = 200,
+    latency_ks: Sequence[int] | None = None,
     seed: int = 0,
     command: str | None = None,
     on_progress: Callable[[str], None] = lambda message: None,
@@ -97,6 +98,7 @@ def run_recall(
                     cached,
                     n=latency_facts,
                     queries=latency_queries,
+                    **({} if latency_ks is None else {"ks": latency_ks}),
                     seed=seed,
                     on_progress=on_progress,
                 )
@@ -207,15 +209,17 @@ def markdown(result: dict[str, Any]) -> str:
     if latency:
         lines += [
             "",
-            f"Search latency at {latency['facts']:,} facts, k={latency['k']},"
-            f" {latency['queries']} questions (whole `Retriever.search` call):",
+            f"Search latency at {latency['facts']:,} facts, {latency['queries']} questions"
+            " (whole `Retriever.search` call; embed = the question's embedding alone):",
             "",
-            "| mode | p50 | p90 | mean |",
-            "| --- | ---: | ---: | ---: |",
+            "| k | mode | p50 | p90 | mean |",
+            "| ---: | --- | ---: | ---: | ---: |",
         ]
         lines += [
-            f"| {mode} | {ms['p50_ms']:.1f} ms | {ms['p90_ms']:.1f} ms | {ms['mean_ms']:.1f} ms |"
-            for mode, ms in latency["ms"].items()
+            f"| {k} | {mode} | {ms['p50_ms']:.1f} ms | {ms['p90_ms']:.1f} ms"
+            f" | {ms['mean_ms']:.1f} ms |"
+            for k, by_mode in latency["ms"].items()
+            for mode, ms in by_mode.items()
         ]
     return "\n".join(lines)
 
@@ -238,9 +242,11 @@ def headline(result: dict[str, Any]) -> str:
     )
     latency = result.get("latency")
     if latency:
-        ms = latency["ms"]
         text += f"; at {latency['facts']:,} facts p50 " + ", ".join(
-            f"{mode} {ms[mode]['p50_ms']:.1f} ms" for mode in ms
+            f"{mode} {ms['p50_ms']:.1f} ms (k={k})"
+            for k, by_mode in latency["ms"].items()
+            for mode, ms in by_mode.items()
+            if mode in ("hybrid", "embed")
         )
     return text
 

@@ -6,7 +6,8 @@ product's importer) and the facts the product's extractor makes of them (~5,500,
 the same date and source turn) fill it up to N. A copy's stored vector is its original's: a
 search's cost does not depend on the vectors' values, and MiniLM need not embed N texts.
 
-Then each question (a seeded sample of LoCoMo's, categories 1-4) is asked once per mode with a
+Then each question (a seeded sample of LoCoMo's, categories 1-4) is asked once per mode, at each
+of :data:`KS`, with a
 fresh question embedding (the real embedder, no cache): the time of the whole
 ``search(profile, question, k, mode=...)`` call, i.e. embed + dense search + BM25 + fusion +
 reading the facts, plus ``embed`` alone for scale. After ``warmup`` untimed questions (the
@@ -24,12 +25,15 @@ from typing import Any
 
 from bench.recall_memory import CachedEmbedder, extract
 from bench.report import percentile
+from inferscale_core.config import AppConfig
 from inferscale_core.embedder import Embedder
 from inferscale_core.extractor import DeterministicExtractor
 from inferscale_core.factlog import FactLog
 from inferscale_core.retriever import MODES, Retriever
 
 PROFILE = "latency"
+KS = (10, AppConfig().k)
+"""The k timed: the one the latency target was first set at, and the product's default."""
 
 
 def fill_profile(factlog: FactLog, data: Path | str, embedder: CachedEmbedder, n: int) -> int:
@@ -95,12 +99,13 @@ def run_latency(
     embedder: Embedder,
     *,
     n: int,
-    k: int = 10,
+    ks: Sequence[int] = KS,
     queries: int = 200,
     seed: int = 0,
     on_progress: Callable[[str], None] = lambda message: None,
 ) -> dict[str, Any]:
-    """Fill a profile of ``factlog`` to ``n`` facts, then time ``queries`` searches per mode."""
+    """Fill a profile of ``factlog`` to ``n`` facts, then time ``queries`` searches per mode
+    at each k: ``ms[str(k)][mode]``."""
     from bench.locomo_data import load, questions
 
     on_progress(f"filling a profile with {n:,} facts…")
@@ -112,8 +117,8 @@ def run_latency(
     inner = cached.inner
     return {
         "facts": factlog.count_facts(profile).get("active", 0),
-        "k": k,
+        "k": list(ks),
         "queries": len(chosen),
         "seed": seed,
-        "ms": time_searches(factlog, profile, inner, chosen, k=k),
+        "ms": {str(k): time_searches(factlog, profile, inner, chosen, k=k) for k in ks},
     }
