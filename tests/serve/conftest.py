@@ -102,7 +102,22 @@ class Server:
             return False
         return True
 
-    def kill9(self, wait_s: float = 60.0) -> float:
+    def group_members(self) -> list[str]:
+        """``pid state cmdline`` of each live process in the server's process group."""
+        assert self.proc is not None
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                if int(fields[2]) != self.proc.pid:  # the process group id
+                    continue
+                cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ")[:120]
+                found.append(f"{stat.parent.name} {fields[0]} {cmd.decode(errors='replace')}")
+            except (OSError, IndexError, ValueError):
+                continue
+        return found
+
+    def kill9(self, wait_s: float = 120.0) -> float:
         """SIGKILL the server process alone; return how long its engine processes took to
         go by themselves (they watch their parent)."""
         assert self.proc is not None
@@ -113,8 +128,12 @@ class Server:
             time.sleep(0.2)
         gone = time.monotonic() - t0
         if self.group_alive():  # leave nothing behind for the next test, then fail
+            left = self.group_members()
             os.killpg(self.proc.pid, signal.SIGKILL)
-            pytest.fail(f"engine processes outlived a killed server by {wait_s:.0f} s")
+            pytest.fail(
+                f"engine processes outlived a killed server by {wait_s:.0f} s: {left}"
+                f"\nthe server's log:\n{_tail(self.log)}"
+            )
         return gone
 
     def stop(self) -> None:
