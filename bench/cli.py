@@ -389,7 +389,9 @@ def _run_recall(args: argparse.Namespace, console: Console) -> int:
             sample_ids=parse_names(args.samples) or None,
             latency_facts=args.latency_facts,
             latency_queries=args.latency_queries,
-            latency_ks=_ks(args, args.latency_k, "--latency-k"),
+            latency_ks=_ks(args, args.latency_k, "--latency-k")
+            if args.latency_k
+            else recall.LATENCY_KS,
             seed=args.seed,
             command=command_line(),
             on_progress=status.update,
@@ -756,8 +758,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     rec.add_argument(
         "--latency-k",
-        default=f"10,{AppConfig().k}",
-        help="comma-separated k of the latency timing (10 and the product's default k)",
+        help="comma-separated k of the latency timing (default: 10 and the product's k)",
     )
     rec.add_argument("--data", type=Path, help=data_help)
     rec.add_argument("--seed", type=int, default=0, help="seed of the timed questions (0)")

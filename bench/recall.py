@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.locomo_data import CATEGORIES, Question
+from bench.recall_latency import KS as LATENCY_KS
+from bench.recall_latency import run_latency
 from bench.recall_memory import CachedEmbedder, RecallMemory, build_memory
 from bench.report import figure, footnote, provenance, save_figure
 from inferscale_core import retriever as retriever_module
@@ -62,7 +64,7 @@ def run_recall(
     sample_ids: Sequence[str] | None = None,
     latency_facts: int = 0,
     latency_queries: int = 200,
-    latency_ks: Sequence[int] | None = None,
+    latency_ks: Sequence[int] = LATENCY_KS,
     seed: int = 0,
     command: str | None = None,
     on_progress: Callable[[str], None] = lambda message: None,
@@ -74,7 +76,6 @@ def run_recall(
     ``latency_facts``). Everything lives in a temporary folder for the call.
     """
     from bench.locomo_data import load, questions
-    from bench.recall_latency import run_latency
 
     cached = CachedEmbedder(embedder)
     wanted = None if sample_ids is None else set(sample_ids)
@@ -98,7 +99,7 @@ def run_recall(
                     cached,
                     n=latency_facts,
                     queries=latency_queries,
-                    **({} if latency_ks is None else {"ks": latency_ks}),
+                    ks=latency_ks,
                     seed=seed,
                     on_progress=on_progress,
                 )

@@ -6,9 +6,9 @@ product's importer) and the facts the product's extractor makes of them (~5,500,
 the same date and source turn) fill it up to N. A copy's stored vector is its original's: a
 search's cost does not depend on the vectors' values, and MiniLM need not embed N texts.
 
-Then each question (a seeded sample of LoCoMo's, categories 1-4) is asked once per mode, at each
-of :data:`KS`, with a
-fresh question embedding (the real embedder, no cache): the time of the whole
+Then each question (a seeded sample of LoCoMo's, categories 1-4) is asked once per mode, at
+each of :data:`KS`, with a fresh question embedding (the real embedder, no cache): the time of
+the whole
 ``search(profile, question, k, mode=...)`` call, i.e. embed + dense search + BM25 + fusion +
 reading the facts, plus ``embed`` alone for scale. After ``warmup`` untimed questions (the
 first search builds the profile's vector index from the stored vectors).

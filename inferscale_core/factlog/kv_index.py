@@ -87,11 +87,7 @@ class KVIndexMixin(FactLogBase):
         self, fact_id: int, model_fingerprint: str, w: int, encoder_version: str | int
     ) -> str | None:
         """The key of the fact's KV entry for this (model, w, encoder), or None if not encoded."""
-        return self._one(
-            "SELECT location FROM kv_entries WHERE fact_id = ? AND model_fingerprint = ?"
-            " AND w = ? AND encoder_version = ?",
-            (fact_id, model_fingerprint, w, str(encoder_version)),
-        )
+        return self.kv_keys_for([fact_id], model_fingerprint, w, encoder_version).get(fact_id)
 
     def kv_keys_for(
         self,
