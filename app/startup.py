@@ -21,8 +21,10 @@ OPEN_MEMORY_STEP = "opening the memory"  # the chat's last start-up step, after 
 
 
 def quiet_engine_logs() -> None:
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    logging.getLogger("vllm").setLevel(logging.ERROR)
+    """vLLM's logs at ERROR, unless VLLM_LOGGING_LEVEL says otherwise (e.g. INFO, for its
+    running / waiting counts in a server's log)."""
+    level = os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    logging.getLogger("vllm").setLevel(level.upper())
 
 
 def build_assistant(

@@ -17,6 +17,9 @@ import pytest
 START_TIMEOUT_S = 300.0
 CONFIG = "k = 10\nrecompute = 0\nmax_tokens = 64\n"  # every hit injected: the tests check ids
 
+# vLLM's running / waiting counts in the server's log every few seconds: what a failure shows.
+ENGINE_STATS = {"INFERSCALE_VLLM_STATS": "1", "VLLM_LOGGING_LEVEL": "INFO"}
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -47,8 +50,9 @@ def _tail(log: Path, chars: int = 4000) -> str:
 class Server:
     """One server home; :meth:`start` runs the command, :meth:`kill9` kills it hard."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, api_processes: int = 1) -> None:
         self.home = home
+        self.api_processes = api_processes
         self.port = free_port()
         self.log = home / "serve.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -86,13 +90,16 @@ class Server:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "app", "serve", "--port", str(self.port)]
-                + ["--max-model-len", "2048"],
-                env=self.env,
+                + ["--max-model-len", "2048", "--api-processes", str(self.api_processes)],
+                env=dict(self.env, **ENGINE_STATS),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its engine processes in its own group
             )
         wait_healthy(self.proc, f"http://127.0.0.1:{self.port}", self.log)
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return _tail(self.log, chars)
 
     def group_alive(self) -> bool:
         assert self.proc is not None

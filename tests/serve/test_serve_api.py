@@ -289,7 +289,8 @@ def test_the_soak_bench_load_runs_without_errors(server):
     deadline = time.monotonic() + 180
     while status(server, "soak")["requests_in_engine"] and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert status(server, "soak")["requests_in_engine"] == 0
+    after = status(server, "soak")
+    assert after["requests_in_engine"] == 0, f"{after}\nthe server's log:\n{server.log_tail()}"
 
 
 def test_kill9_during_encoding_loses_and_duplicates_nothing(server, memories):
