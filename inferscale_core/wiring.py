@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from inferscale_core.memory_worker import MemoryWorker
     from inferscale_core.prompt_builder import PromptBuilder
     from inferscale_core.session import Session, SessionConfig
+    from inferscale_core.vllm_plugin.engine_group import EngineClient
+    from inferscale_core.vllm_plugin.vllm_engine import EngineOptions
 
 #: The steps :func:`build` reports to ``on_step``, in order (start-up progress).
 STEPS = (
@@ -66,26 +68,50 @@ def open_store(model_dir: Path, root: Path | None = None, gpu_bytes: int = 0) ->
     )
 
 
-def start_engine(
-    model_dir: Path, store: KVStore, *, serving: bool = False, **options: Any
-) -> Engine:
-    """vLLM with the connector over ``store`` (``options``: ``EngineOptions`` fields, e.g.
-    ``max_model_len``, ``extra`` for more engine arguments): in this process, sharing
-    ``store`` with the connector; or, ``serving``, vLLM's multi-process async engine, whose
-    connector opens the same folder in the engine's processes."""
-    from inferscale_core.vllm_plugin.vllm_engine import EngineOptions, VllmEngine
+def _engine_options(model_dir: Path, store: KVStore, **options: Any) -> EngineOptions:
+    from inferscale_core.vllm_plugin.vllm_engine import EngineOptions
 
     connector = dict(options.pop("connector_extra", {}))
     if store.device_tier is not None:  # the connector's own store gets the same pool size
         connector.setdefault("gpu_bytes", store.device_tier.budget)
-    engine_options = EngineOptions(
+    return EngineOptions(
         model_dir, store.root, store.fingerprint, connector_extra=connector, **options
     )
+
+
+def engine_options(
+    config: AppConfig, *, store_root: Path | None = None, **options: Any
+) -> EngineOptions:
+    """The engine's options :func:`build` would start it with (for an engine core started
+    apart from the API processes that use it: ``engine_group.py``)."""
+    from inferscale_core.model_files import resolve_model
+
+    model_dir = resolve_model(config.model)
+    store = open_store(model_dir, store_root, config.gpu_pool_bytes)
+    return _engine_options(model_dir, store, **options)
+
+
+def start_engine(
+    model_dir: Path,
+    store: KVStore,
+    *,
+    serving: bool = False,
+    engine_client: EngineClient | None = None,
+    **options: Any,
+) -> Engine:
+    """vLLM with the connector over ``store`` (``options``: ``EngineOptions`` fields, e.g.
+    ``max_model_len``, ``extra`` for more engine arguments): in this process, sharing
+    ``store`` with the connector; or, ``serving``, vLLM's multi-process async engine, whose
+    connector opens the same folder in the engine's processes (``engine_client``: attached to
+    an engine core another process started, as one of its API processes)."""
+    from inferscale_core.vllm_plugin.vllm_engine import VllmEngine
+
+    options_ = _engine_options(model_dir, store, **options)
     if serving:
         from inferscale_core.vllm_plugin.serving_engine import ServingEngine
 
-        return ServingEngine(engine_options)
-    engine = VllmEngine(engine_options)
+        return ServingEngine(options_, client=engine_client)
+    engine = VllmEngine(options_)
     engine.share_store(store)
     return engine
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from pathlib import Path
 
 from rich.console import Console
@@ -22,11 +21,6 @@ from rich.markup import escape
 from inferscale_core import paths
 
 DEFAULT_PORT = 8000
-
-
-def served_name(model_dir: Path) -> str:
-    """The model's name in the API: its folder's, without the cache's content hash."""
-    return re.sub(r"-[0-9a-f]{12}$", "", model_dir.name)
 
 
 def serve_dir(args: argparse.Namespace) -> Path:
@@ -71,17 +65,18 @@ def run_users(args: argparse.Namespace, console: Console) -> int:
 
 
 def run_serve(args: argparse.Namespace, console: Console) -> int:
-    from app.serve.hub import Hub
-    from app.serve.server import create_app, run_server
+    from app.serve.launch import ServeRecipe, serve
     from app.serve.users import Users
     from app.startup import quiet_engine_logs
     from app.user_config import load_config
-    from inferscale_core import wiring
     from inferscale_core.model_files import resolve_model
 
     config = load_config(console)
     if config is None:
         return 1
+    if args.api_processes < 1:
+        console.print("[red]error:[/red] --api-processes must be at least 1")
+        return 2
     # Before the engine: a bad or unsupported model is one line, a GGUF's dequantizing shown.
     resolve_model(config.model, progress=True)
     folder = serve_dir(args)
@@ -91,26 +86,31 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
             "[yellow]no users yet:[/yellow] make one with `inferscale-assistant users add NAME`"
             " (it prints the user's API token); requests without a valid token get 401"
         )
+    users.close()
     if not args.verbose:
         quiet_engine_logs()
     options = {"max_model_len": args.max_model_len} if args.max_model_len else {}
-    with console.status("starting vLLM (engine and workers in their own processes)…"):
-        assistant = wiring.build(config, store_root=folder / "kv", serving=True, **options)
-    name = args.served_model_name or served_name(assistant.model_dir)
-    hub = Hub(assistant, config, folder / "memory.db")
-    app = create_app(hub, users, name, inbox=folder / "inbox")
-    console.print(
-        f"serving [bold]{escape(name)}[/bold] on http://{args.host}:{args.port}/v1"
-        " (OpenAI-compatible; Ctrl+C stops)"
+    recipe = ServeRecipe(
+        config, folder, options, model_name=args.served_model_name, verbose=args.verbose
     )
+    processes = args.api_processes
+    status = console.status(
+        "starting vLLM (engine and workers in their own processes"
+        + (f", {processes} API processes)…" if processes > 1 else ")…")
+    )
+    status.start()
+
+    def ready(name: str) -> None:
+        status.stop()
+        console.print(
+            f"serving [bold]{escape(name)}[/bold] on http://{args.host}:{args.port}/v1"
+            " (OpenAI-compatible; Ctrl+C stops)"
+        )
+
     try:
-        run_server(app, assistant.engine, args.host, args.port, verbose=args.verbose)
+        serve(recipe, args.host, args.port, processes, on_ready=ready)
     finally:
-        hub.close()
-        close = getattr(assistant.engine, "close", None)
-        if close is not None:
-            close()
-        users.close()
+        status.stop()
     return 0
 
 
@@ -131,6 +131,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--served-model-name", help="the model's name in the API (default: its folder's name)"
     )
     serve.add_argument("--max-model-len", type=int, help="tokens of context (default: 8192)")
+    serve.add_argument(
+        "--api-processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="API processes over one vLLM engine (1). Each serves the users a hash of their"
+        " name gives it, behind one listener; more than one when many users keep one"
+        " process's CPU busy (retrieval, composition, streaming): 4 on a GPU server",
+    )
     _data_dir(serve)
     serve.set_defaults(func=run_serve)
 

@@ -134,8 +134,10 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     max_import_bytes: int = MAX_IMPORT_BYTES,
     inbox: Path | None = None,
+    api_process: int = 0,
 ) -> FastAPI:
-    """The server's ASGI app over ``hub`` (its users' desks and the engine)."""
+    """The server's ASGI app over ``hub`` (its users' desks and the engine); ``api_process``:
+    its number among the server's API processes (``launch.py``), in ``/v1/status``."""
     app = FastAPI(title="InferScale assistant", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, limit=max_body_bytes, import_limit=max_import_bytes)
     pool = ThreadPoolExecutor(OPENING_THREADS, thread_name_prefix="open-desk")
@@ -154,7 +156,7 @@ def create_app(
 
     @app.get("/health")
     async def health() -> dict[str, str]:
-        return {"status": "ok"}
+        return {"status": "ok", "model": model_name}
 
     @app.get("/v1/models")
     async def models(user: UserDep) -> dict[str, Any]:
@@ -163,11 +165,12 @@ def create_app(
 
     @app.get("/v1/status")
     async def status(desk: DeskDep) -> dict[str, Any]:
-        """The engine's requests in flight, and the caller's memory: facts, and how many
-        still wait to be encoded."""
+        """The engine's requests in flight (those of this API process), and the caller's
+        memory: facts, and how many still wait to be encoded."""
         in_engine = engine.unfinished_requests()  # on the engine's loop: read directly
         facts, waiting = await desk.run(_memory_counts, desk)
         return {
+            "api_process": api_process,
             "requests_in_engine": in_engine,
             "aborted_by_clients": engine.aborted,
             "memory": {"facts": facts, "not_encoded": waiting},
@@ -207,9 +210,18 @@ def create_app(
     return app
 
 
-def run_server(app: FastAPI, engine: Any, host: str, port: int, *, verbose: bool = False) -> None:
+def run_server(
+    app: FastAPI,
+    engine: Any,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    uds: str | None = None,
+    verbose: bool = False,
+) -> None:
     """Serve ``app`` with uvicorn on the serving engine's event loop (``ServingEngine.run``):
     each reply goes from vLLM's output handler to its client with no thread in between.
+    On ``host:port``, or on the Unix socket ``uds`` (an API process behind the front).
     Returns when the server stops (Ctrl+C)."""
     import uvicorn
 
@@ -217,6 +229,7 @@ def run_server(app: FastAPI, engine: Any, host: str, port: int, *, verbose: bool
         app,
         host=host,
         port=port,
+        uds=uds,
         log_level="info" if verbose else "warning",
         access_log=verbose,
         timeout_graceful_shutdown=5,

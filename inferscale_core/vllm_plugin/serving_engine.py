@@ -24,24 +24,19 @@ import contextlib
 import itertools
 import os
 import queue
-import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Future
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from inferscale_core.composer import ComposedPrompt
 from inferscale_core.engine import CHAT_PRIORITY
 from inferscale_core.types import GenerationResult
 from inferscale_core.vllm_plugin.driver import DONE, RequestFailed
+from inferscale_core.vllm_plugin.engine_group import EngineClient, engine_args, with_request_key
 from inferscale_core.vllm_plugin.engine_requests import QueuedRequests, absorb
-from inferscale_core.vllm_plugin.vllm_engine import (
-    EngineOptions,
-    engine_arguments,
-    prepare_environment,
-)
+from inferscale_core.vllm_plugin.vllm_engine import EngineOptions, prepare_environment
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -52,20 +47,21 @@ class ServingEngine(QueuedRequests):
 
     stream_every_token = True  # a server streams the first token at once
 
-    def __init__(self, options: EngineOptions) -> None:
+    def __init__(self, options: EngineOptions, client: EngineClient | None = None) -> None:
         on_gpu = prepare_environment(options, multiprocessing=True)
         if on_gpu:  # this process may have touched CUDA already: a forked engine could not
             os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         # The engine core (a child of this process) goes when this process does, even by
-        # kill -9 (lifetime.py); the connector there reads this pid.
-        # Loads and captures only this process asked for: its params are signed with a key
-        # only vLLM's processes and this one know (request_signing.py).
-        self.request_key = secrets.token_bytes(32)
-        extra = {"parent_pid": os.getpid(), "request_key": self.request_key.hex()}
-        options = replace(options, connector_extra={**options.connector_extra, **extra})
+        # kill -9 (lifetime.py); the connector there reads this pid. Loads and captures only
+        # this process asked for: its params are signed with a key only vLLM's processes and
+        # this one know (request_signing.py). With a client, this is one of several API
+        # processes of an engine core another process started, with that one's key.
+        options = with_request_key(options) if client is None else client.options
+        self.request_key = bytes.fromhex(options.connector_extra["request_key"])
         self.options = options
         self.fingerprint = options.fingerprint
-        self._kwargs = engine_arguments(options, on_gpu)
+        self._client = client
+        self._on_gpu = on_gpu
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._waiting_fg: set[str] = set()  # chat requests without their first token yet
@@ -83,11 +79,23 @@ class ServingEngine(QueuedRequests):
         self._tokenizer = AutoTokenizer.from_pretrained(str(options.model_dir))
 
     async def _start(self) -> AsyncLLM:
-        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = AsyncEngineArgs(**self._kwargs, disable_log_stats=True)
-        return AsyncLLM.from_engine_args(args)
+        client = self._client
+        if client is None:
+            return AsyncLLM.from_engine_args(engine_args(self.options, self._on_gpu, 1, 0))
+        args = engine_args(self.options, self._on_gpu, client.count, client.index)
+        vllm_config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+        addresses = dict(client.config)
+        count, index = addresses.pop("client_count"), addresses.pop("client_index")
+        return AsyncLLM.from_vllm_config(
+            vllm_config,
+            disable_log_stats=args.disable_log_stats,
+            client_addresses=addresses,
+            client_count=count,
+            client_index=index,
+        )
 
     def _call(self, coroutine: Any) -> Future[Any]:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
