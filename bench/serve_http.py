@@ -258,9 +258,9 @@ async def measure(load: Load, args: argparse.Namespace, users: list[str]) -> dic
         for mode in ("inject", "prompt"):
             await asyncio.sleep(0.6)
             before = cpu_by_thread(profile)
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             rows = await asyncio.gather(*(load.ask(u, mode, args.k) for u in users))
-            wall = time.perf_counter() - t0
+            wall, load_cpu = time.perf_counter() - t0, time.process_time() - cpu0
             await asyncio.sleep(0.6)
             after = cpu_by_thread(profile)
             cpu = {k: round(v - before.get(k, 0.0), 2) for k, v in after.items()}
@@ -274,9 +274,14 @@ async def measure(load: Load, args: argparse.Namespace, users: list[str]) -> dic
                     ),
                     **summary(rows),
                     "server_cpu_s_by_thread": cpu,  # with SERVE_PROFILE (wave + 1.2 s)
+                    "load_cpu_s": round(load_cpu, 2),  # this process's (the clients')
                 }
             )
-            print(f"throughput {mode}: {len(users) / wall:.1f} req/s; server CPU {cpu}", flush=True)
+            print(
+                f"throughput {mode}: {len(users) / wall:.1f} req/s; server CPU {cpu};"
+                f" load CPU {load_cpu:.2f} s",
+                flush=True,
+            )
     for mode, done in waves.items():  # the median wave by requests per second
         middle = sorted(done, key=lambda w: w["requests_per_s"])[len(done) // 2]
         result["throughput"][mode] = {

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import zlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from app.serve.users import Users
+
+log = logging.getLogger(__name__)
 
 # Hop-by-hop headers (RFC 9110 7.6.1): each connection's own, never passed on.
 HOP_BY_HOP = {
@@ -33,6 +36,7 @@ HOP_BY_HOP = {
     b"upgrade",
 }
 ROUTES_CACHED = 4096  # tokens whose user the front remembers
+UPSTREAM_CONNECTIONS = 512  # open to each API process at most (streams in flight)
 
 
 def owner(name: str, count: int) -> int:
@@ -72,7 +76,14 @@ class Front:
                     transport=httpx.AsyncHTTPTransport(uds=str(path)),
                     base_url="http://inferscale-api",
                     timeout=httpx.Timeout(None),
-                    limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+                    # Bounded: a Unix socket refuses connects beyond its accept backlog
+                    # (EAGAIN), seen as 503s when 6,000 requests came at once; beyond
+                    # the bound, requests wait for a connection instead.
+                    limits=httpx.Limits(
+                        max_connections=UPSTREAM_CONNECTIONS,
+                        max_keepalive_connections=UPSTREAM_CONNECTIONS,
+                        keepalive_expiry=5.0,
+                    ),
                 )
                 for path in self.sockets
             ]
@@ -90,23 +101,32 @@ class Front:
         if scope["type"] != "http":  # no websockets here
             return
         headers = dict(scope["headers"])
-        client = self._client(self.route(headers))
+        index = self.route(headers)
+        client = self._client(index)
         path = scope["raw_path"] or scope["path"].encode()
         if scope["query_string"]:
             path += b"?" + scope["query_string"]
         forwarded = [(k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP]
-        body_done = asyncio.Event()
-        if b"content-length" in headers or b"transfer-encoding" in headers:
-            content: Any = _body(receive, body_done)
-        else:  # no body (GET, DELETE)
-            content = b""
-            body_done.set()
+        # Read whole (within the server's limits: BodyLimit in front of this app), so that
+        # the connection pool may send it again on a fresh connection when a kept-alive one
+        # turns out closed (a stream, read once, went out empty then: seen on the H200).
+        content = await _read_body(receive)
+        if content is None:  # the client went away first
+            return
         request = client.build_request(
             scope["method"], path.decode("latin-1"), headers=forwarded, content=content
         )
         try:
             response = await client.send(request, stream=True)
-        except httpx.TransportError:
+        except httpx.TransportError as exc:
+            log.warning(
+                "%s %s: API process %d: %s: %s",
+                scope["method"],
+                scope["path"],
+                index,
+                type(exc).__name__,
+                exc,
+            )
             await _plain(
                 send,
                 503,
@@ -124,7 +144,7 @@ class Front:
                     ],
                 }
             )
-            await _stream(response, receive, send, body_done)
+            await _stream(response, receive, send)
         finally:
             await response.aclose()  # mid-stream: the API process sees its client go
 
@@ -139,24 +159,19 @@ class Front:
                 return
 
 
-async def _body(receive: Any, done: asyncio.Event) -> AsyncIterator[bytes]:
-    """The request's body as it arrives."""
-    try:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            if message.get("body"):
-                yield message["body"]
-            if not message.get("more_body", False):
-                return
-    finally:
-        done.set()
+async def _read_body(receive: Any) -> bytes | None:
+    """The request's body, or None if the client disconnected first."""
+    parts = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(parts)
 
 
-async def _stream(
-    response: httpx.Response, receive: Any, send: Any, body_done: asyncio.Event
-) -> None:
+async def _stream(response: httpx.Response, receive: Any, send: Any) -> None:
     """The API process's response to the client, until it ends or the client goes away."""
 
     async def forward() -> None:
@@ -164,8 +179,7 @@ async def _stream(
             await send({"type": "http.response.body", "body": piece, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def gone() -> None:
-        await body_done.wait()  # the body is read: what comes next can only be a disconnect
+    async def gone() -> None:  # the body is read: what comes next can only be a disconnect
         while (await receive())["type"] != "http.disconnect":
             pass
 

@@ -129,6 +129,7 @@ def _serve_group(
     import uvicorn
 
     from app.serve.front import Front
+    from app.serve.server import MAX_BODY_BYTES, MAX_IMPORT_BYTES, BodyLimit
     from inferscale_core import wiring
     from inferscale_core.factlog import FactLog
     from inferscale_core.vllm_plugin.engine_group import EngineGroup
@@ -151,6 +152,9 @@ def _serve_group(
             group.wait()
         except Exception as exc:  # noqa: BLE001 - said, then the server stops
             log.error("%s", exc)
+        for process in group.api.processes:  # who ended, and how (-15: SIGTERM)
+            process.join(1)
+            log.warning("API process %s: exit code %s", process.name, process.exitcode)
         stopped.set()
         if server is not None:
             server.should_exit = True
@@ -160,7 +164,8 @@ def _serve_group(
         name = _wait_ready(sockets, stopped)
         front = Front(recipe.users_db, sockets)
         config = uvicorn.Config(
-            front,
+            # The API processes' own limits, before the front reads a body whole.
+            BodyLimit(front, MAX_BODY_BYTES, MAX_IMPORT_BYTES),  # type: ignore[arg-type]
             host=host,
             port=port,
             log_level="info" if recipe.verbose else "warning",

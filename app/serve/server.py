@@ -230,6 +230,9 @@ def run_server(
         host=host,
         port=port,
         uds=uds,
+        # Behind the front, connections are kept for reuse: longer than its pool's 5 s idle
+        # expiry, so the pool closes an idle one before this server does.
+        timeout_keep_alive=60 if uds else 5,
         log_level="info" if verbose else "warning",
         access_log=verbose,
         timeout_graceful_shutdown=5,
