@@ -92,6 +92,9 @@ class QueuedRequests:
     stream_every_token = False  # stream yields steps with tokens that make no text yet
     aborted = 0  # requests stopped because their reader went away or failed (a count)
     _ids: itertools.count[int]  # request ids (each engine makes its own)
+    # vLLM makes its own ids unique; this one names the API process in logs (several share
+    # one engine core).
+    request_prefix = "inferscale-"
 
     def _enqueue(
         self, request_id: str, tokens_prompt: dict[str, Any], params: Any, priority: int
@@ -129,7 +132,7 @@ class QueuedRequests:
         tokens_prompt, kv_params = request_inputs(
             prompt, inject, cache_salt, self.fingerprint, self.request_key
         )
-        request_id = f"inferscale-{next(self._ids)}"
+        request_id = f"{self.request_prefix}{next(self._ids)}"
         result = GenerationResult(request_id, len(tokens_prompt["prompt_token_ids"]))
         return request_id, tokens_prompt, sampling_params(kv_params, **sampling), result
 

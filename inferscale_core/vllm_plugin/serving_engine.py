@@ -63,6 +63,8 @@ class ServingEngine(QueuedRequests):
         self._client = client
         self._on_gpu = on_gpu
         self._ids = itertools.count()
+        if client is not None:  # ids in the engine core's log tell the API processes apart
+            self.request_prefix = f"inferscale-{client.index}-"
         self._lock = threading.Lock()
         self._waiting_fg: set[str] = set()  # chat requests without their first token yet
         self.foreground_idle = threading.Event()

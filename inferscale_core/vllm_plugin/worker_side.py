@@ -420,7 +420,10 @@ class VllmRotary:
     def load(cls, max_positions: int) -> VllmRotary | bool:
         """The kernel, or False where this vLLM build has none."""
         try:
-            import vllm._C  # noqa: F401 - registers torch.ops._C
+            # vLLM loads the build of its kernels this CPU runs (_C, _C_AVX512 or _C_AVX2,
+            # each registering torch.ops._C); importing vllm._C by name would load a second
+            # one (a C++ abort) or one this CPU cannot run (an illegal instruction).
+            import vllm._custom_ops  # noqa: F401
 
             op = torch.ops._C.rotary_embedding
         except (ImportError, AttributeError, RuntimeError):
