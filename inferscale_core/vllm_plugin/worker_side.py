@@ -353,7 +353,8 @@ class InjectionWorker:
         v_all = self._scratch("v", (num_layers, tokens, kv_heads, entries[0].v.shape[-1]), dtype)
         # On a CPU with an fp32 cache, vLLM's own RoPE kernel re-rotates in place over our fp32
         # table: 6.2 ms against 19.3 ms for ``rotate`` at k=50 on SmolLM2 (dev CPU, 2 cores),
-        # ~7% of that request's TTFT; neox is bit-identical to ``rotate``.
+        # ~7% of that request's TTFT; within an fp32 ulp of ``rotate`` (the AVX-512 build:
+        # neox bit-identical).
         in_place = device.type == "cpu" and dtype == torch.float32 and self._rotary() is not None
         shifts = torch.empty(tokens, dtype=torch.int64)  # [tokens] each token's piece's shift
         for piece, entry in zip(op.pieces, entries, strict=True):
@@ -407,9 +408,9 @@ class VllmRotary:
     RoPE kernel (``_C.rotary_embedding``, the one the model's forward runs on a CPU), fed a
     table of pure rotations (see :func:`~inferscale_core.rope.shift`) computed from ``spec`` in
     fp32 by :func:`~inferscale_core.rope.cos_sin`, so partial rotary and gptj pairs come out as
-    ``shift`` does them (neox: bit-identical; gptj: within an fp32 ulp). ``shifts``: [tokens]
-    int64 in ``(-max_positions, max_positions)``; ``k``: [tokens, kv_heads, head_dim],
-    contiguous, fp32."""
+    ``shift`` does them (within an fp32 ulp; neox bit-identical in the AVX-512 build).
+    ``shifts``: [tokens] int64 in ``(-max_positions, max_positions)``; ``k``: [tokens, kv_heads,
+    head_dim], contiguous, fp32."""
 
     def __init__(self, op: Any, max_positions: int) -> None:
         self._op = op

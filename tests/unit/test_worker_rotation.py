@@ -30,5 +30,6 @@ def test_kernel_rotation_equals_shift(rope_type, partial, style):
     expected = torch.stack([shift(k[i : i + 1], int(by), spec)[0] for i, by in enumerate(shifts)])
     got = k.clone()
     rotary(spec, shifts, got)
-    # neox (Llama, Qwen, Mistral, SmolLM2): bit-identical; gptj pairs: within an fp32 ulp.
-    torch.testing.assert_close(got, expected, rtol=0, atol=0 if style == "neox" else 1e-6)
+    # Within an fp32 ulp (|k| < 5: 4.8e-7). Seen: the AVX-512 build (vllm._C) bit-identical for
+    # neox; the AVX2 one (_C_AVX2, FMA in another order) 2.4e-7 off for 8-22% of the elements.
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
