@@ -145,17 +145,15 @@ def _serve_group(
     )
     group = EngineGroup(options, count, _api_process, (recipe, sockets))
     stopped = threading.Event()
+    closing = threading.Event()  # set when this process stops the group (Ctrl+C, an error)
     server: uvicorn.Server | None = None
 
     def watch() -> None:  # an API process or the engine core ended: stop the front
-        try:
-            group.wait()
-        except Exception as exc:  # noqa: BLE001 - said, then the server stops
-            log.error("%s", exc)
-        for process in group.api.processes:  # who ended, and how (-15: SIGTERM)
-            process.join(1)
-            log.warning("API process %s: exit code %s", process.name, process.exitcode)
+        ended = group.wait()
         stopped.set()
+        if closing.is_set():
+            return  # they end because this process stops them: nothing to report
+        log.error("%s: the server stops", ended)
         if server is not None:
             server.should_exit = True
 
@@ -178,6 +176,7 @@ def _serve_group(
         with contextlib.suppress(KeyboardInterrupt):
             server.run()
     finally:
+        closing.set()
         group.shutdown()
         shutil.rmtree(run, ignore_errors=True)
 

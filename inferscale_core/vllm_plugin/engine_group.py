@@ -23,6 +23,7 @@ import os
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from multiprocessing import connection
 from typing import Any
 
 from inferscale_core.vllm_plugin.lifetime import die_with_parent
@@ -100,8 +101,9 @@ class EngineGroup:
             num_servers=count,
             target_server_fn=_api_process,
         )
+        self._listeners: Any = None
         if "input_listeners" in manager_params:  # vLLM 0.32
-            listeners = engine_utils.bind_engine_zmq_listeners(vllm_config, count)
+            listeners = self._listeners = engine_utils.bind_engine_zmq_listeners(vllm_config, count)
             with engine_utils.launch_core_engines(
                 vllm_config, executor, log_stats, listeners.addresses
             ) as launch:
@@ -136,15 +138,17 @@ class EngineGroup:
     def pids(self) -> list[int]:
         return [p.pid for p in self.api.processes if p.pid is not None]
 
-    def wait(self) -> None:
-        """Until an API process or the engine core ends (raises if one failed)."""
-        from vllm.v1.utils import wait_for_completion_or_failure
-
-        wait_for_completion_or_failure(
-            api_server_manager=self.api,
-            engine_manager=self.engines,
-            coordinator=self.coordinator,
-        )
+    def wait(self) -> str:
+        """Until an API process or the engine core ends: which one, and its exit code. (Not
+        vLLM's ``wait_for_completion_or_failure``: it logs an error for every process that
+        :meth:`shutdown` stops.)"""
+        processes = [*self.api.processes, *getattr(self.engines, "processes", [])]
+        if self.coordinator is not None:
+            processes.append(self.coordinator.proc)
+        by_sentinel = {process.sentinel: process for process in processes}
+        ended = by_sentinel[connection.wait(list(by_sentinel))[0]]
+        ended.join(1)
+        return f"{ended.name} (pid {ended.pid}) ended with exit code {ended.exitcode}"
 
     def shutdown(self, timeout: float | None = 10.0) -> None:
         self.api.shutdown(timeout=timeout)
@@ -152,6 +156,9 @@ class EngineGroup:
             self.engines.shutdown(timeout=timeout)
         if self.coordinator is not None:
             self.coordinator.shutdown(timeout=timeout)
+        listeners, self._listeners = self._listeners, None
+        if listeners is not None:  # the front's sockets (vLLM 0.32), closed now
+            listeners.cleanup()
 
 
 def _stats_address(coordinator: Any) -> str | None:
