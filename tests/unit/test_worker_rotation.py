@@ -31,5 +31,5 @@ def test_kernel_rotation_equals_shift(rope_type, partial, style):
     got = k.clone()
     rotary(spec, shifts, got)
     # Within an fp32 ulp (|k| < 5: 4.8e-7). Seen: the AVX-512 build (vllm._C) bit-identical for
-    # neox; the AVX2 one (_C_AVX2, FMA in another order) 2.4e-7 off for 8-22% of the elements.
+    # neox; the AVX2 one (_C_AVX2) 2.4e-7 off for 8-22% of the elements.
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
