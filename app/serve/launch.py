@@ -129,7 +129,7 @@ def _serve_group(
     import uvicorn
 
     from app.serve.front import Front
-    from app.serve.server import MAX_BODY_BYTES, MAX_IMPORT_BYTES, BodyLimit
+    from app.serve.server import KEEP_ALIVE_S, MAX_BODY_BYTES, MAX_IMPORT_BYTES, BodyLimit
     from inferscale_core import wiring
     from inferscale_core.factlog import FactLog
     from inferscale_core.vllm_plugin.engine_group import EngineGroup
@@ -168,6 +168,7 @@ def _serve_group(
             port=port,
             log_level="info" if recipe.verbose else "warning",
             access_log=recipe.verbose,
+            timeout_keep_alive=KEEP_ALIVE_S,
             timeout_graceful_shutdown=5,
             lifespan="on",
         )

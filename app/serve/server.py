@@ -210,6 +210,13 @@ def create_app(
     return app
 
 
+# How long an idle kept-alive connection stays open (uvicorn's default is 5 s). Longer than a
+# client's pool keeps one idle: httpx's, under the official `openai` client and the front, 5 s.
+# At equal times the two race: a request sent on a connection as the server closes it fails
+# with no response (seen on the H200: "Server disconnected", a ReadError in the load).
+KEEP_ALIVE_S = 60
+
+
 def run_server(
     app: FastAPI,
     engine: Any,
@@ -230,9 +237,7 @@ def run_server(
         host=host,
         port=port,
         uds=uds,
-        # Behind the front, connections are kept for reuse: longer than its pool's 5 s idle
-        # expiry, so the pool closes an idle one before this server does.
-        timeout_keep_alive=60 if uds else 5,
+        timeout_keep_alive=KEEP_ALIVE_S,
         log_level="info" if verbose else "warning",
         access_log=verbose,
         timeout_graceful_shutdown=5,

@@ -43,6 +43,24 @@ def wait_healthy(proc: subprocess.Popen[bytes], base: str, log: Path) -> None:
     pytest.fail(f"the server did not come up in {START_TIMEOUT_S:.0f} s:\n{_tail(log)}")
 
 
+def idle_connection_still_served(port: int, idle_s: float) -> bool:
+    """Whether a kept-alive connection to ``127.0.0.1:port`` still answers after ``idle_s``
+    idle: two ``/health`` requests on one socket, the second sent after the pause."""
+    request = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        for attempt in range(2):
+            if attempt:
+                time.sleep(idle_s)
+            try:
+                sock.sendall(request)
+                answer = sock.recv(65536)
+            except OSError:
+                return False
+            if not answer.startswith(b"HTTP/1.1 200"):  # b"": the server closed it
+                return False
+    return True
+
+
 def _tail(log: Path, chars: int = 4000) -> str:
     return log.read_text(errors="replace")[-chars:] if log.exists() else ""
 

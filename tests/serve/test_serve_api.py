@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from tests.importers._helpers import FIXTURES
+from tests.serve.conftest import idle_connection_still_served
 
 NAMES = [
     f"{a}{b}" for a in ("Ka", "Lo", "Mi", "Nu", "Pe") for b in ("ran", "tis", "vel", "dor", "mex")
@@ -193,6 +194,12 @@ def test_errors(server, memories):
     assert r.status_code == 404 and model in r.json()["error"]["message"]
     with pytest.raises(openai.NotFoundError):
         client(server, "bo").chat.completions.create(model="gpt-4o", messages=body["messages"])
+
+
+def test_an_idle_connection_outlives_the_clients_pool_expiry(server):
+    """httpx (under the official client) keeps an idle connection 5 s; a server that closes
+    one at the same age races it, and a request sent as it closes gets no response."""
+    assert idle_connection_still_served(server.port, idle_s=6.0)
 
 
 def test_search_retrieves_what_a_chat_would(server, memories):

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from app.serve.front import owner
-from tests.serve.conftest import Server
+from tests.serve.conftest import Server, idle_connection_still_served
 from tests.serve.test_serve_api import (
     CITIES,
     NAMES,
@@ -92,6 +92,10 @@ def test_errors_through_the_front(group):
     assert r.status_code == 404 and model in r.json()["error"]["message"]
     page = client(group, "bo").models.list()
     assert [m.id for m in page.data] == [model]
+
+
+def test_the_front_keeps_an_idle_connection_past_the_clients_pool_expiry(group):
+    assert idle_connection_still_served(group.port, idle_s=6.0)
 
 
 def test_a_client_that_goes_away_aborts_its_request_behind_the_front(group):
