@@ -431,13 +431,18 @@ class Suite:
                     skip_clone=True,  # as the product's engine does
                 )
                 engine.add_request(f"tput-{mode}-{i}", prompt, params)
+            added = time.perf_counter() - t0
             done = 0
+            steps: list[tuple[float, int]] = []  # (ms, requests with their first token)
             while engine.has_unfinished_requests():
+                s0, firsts = time.perf_counter(), 0
                 for output in engine.step():
                     now = time.perf_counter() - t0
                     if output.outputs and output.outputs[0].token_ids:
+                        firsts += int(output.request_id not in first)
                         first.setdefault(output.request_id, now)
                     done += int(output.finished)
+                steps.append((1e3 * (time.perf_counter() - s0), firsts))
             wall = time.perf_counter() - t0
             ttfts = sorted(first.values())
             out[mode] = {
@@ -449,8 +454,21 @@ class Suite:
                 "ttft_s_p50": statistics.median(ttfts),
                 "ttft_s_p90": percentile(ttfts, 0.9),
                 "finished": done,
+                # Where the wave's time goes: adding the requests, then each engine step
+                # (the first ones schedule, load and prefill; the rest decode).
+                "add_requests_s": added,
+                "steps": len(steps),
+                "step_ms_first": [round(ms, 1) for ms, _ in steps[:6]],
+                "first_tokens_by_step": [n for _, n in steps[:6]],
+                "step_ms_median": statistics.median(ms for ms, _ in steps) if steps else None,
             }
-            print(f"throughput {mode}: {users / wall:.1f} req/s", flush=True)
+            print(
+                f"throughput {mode}: {users / wall:.1f} req/s; add {added:.3f} s,"
+                f" {len(steps)} steps, first {out[mode]['step_ms_first']} ms"
+                f" ({out[mode]['first_tokens_by_step']} first tokens),"
+                f" median {out[mode]['step_ms_median']:.1f} ms",
+                flush=True,
+            )
         return out
 
 

@@ -37,9 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.processes import cpu_between, process_cpu
 from bench.report import percentile, provenance, write_json
 
 STATUS_TIMEOUT_S = 900.0
+CONNECTIONS_PER_USER = 8
 
 
 # ---- the server's process ----
@@ -132,15 +134,44 @@ def statements(n: int, seed: int) -> list[str]:
 
 
 class Load:
+    """The users' clients: one ``httpx.AsyncClient`` each, as separate users have (one pool
+    of 100 streams costs its process quadratic bookkeeping: httpcore scans the pool on every
+    event; on the H200 that client, not the server, took 2.6 s of CPU in a 2.7 s wave)."""
+
     def __init__(
         self, base: str, tokens: dict[str, str], max_tokens: int, model: str = "bench"
     ) -> None:
         import httpx
 
         self.base, self.tokens, self.max_tokens, self.model = base, tokens, max_tokens, model
-        limits = httpx.Limits(max_connections=len(tokens) + 16)
-        self.client = httpx.AsyncClient(base_url=base, limits=limits, timeout=600)
+        limits = httpx.Limits(max_connections=CONNECTIONS_PER_USER)
+        self.clients = {
+            user: httpx.AsyncClient(base_url=base, limits=limits, timeout=600) for user in tokens
+        }
+        self.direct: dict[str, Any] = {}  # a client per user to its API process (--direct)
         self.asked = 0
+
+    def go_direct(self, sockets: Sequence[Path]) -> None:
+        """Clients for the API processes' own sockets, past the front: :meth:`ask` with
+        ``direct=True`` sends each user's request to the process that owns the user."""
+        import httpx
+
+        from app.serve.front import owner
+
+        limits = httpx.Limits(max_connections=CONNECTIONS_PER_USER)
+        self.direct = {
+            user: httpx.AsyncClient(
+                transport=httpx.AsyncHTTPTransport(
+                    uds=str(sockets[owner(user, len(sockets))]), limits=limits
+                ),
+                base_url="http://inferscale-api/v1",
+                timeout=600,
+            )
+            for user in self.tokens
+        }
+
+    def client_for(self, user: str, direct: bool = False) -> Any:
+        return (self.direct if direct else self.clients)[user]
 
     def auth(self, user: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.tokens[user]}"}
@@ -150,7 +181,7 @@ class Load:
 
         async def one(user: str, text: str) -> None:
             async with gate:
-                r = await self.client.post(
+                r = await self.client_for(user).post(
                     "/memories", json={"text": text}, headers=self.auth(user)
                 )
                 r.raise_for_status()
@@ -163,7 +194,7 @@ class Load:
         t0 = time.perf_counter()
         for user in self.tokens:
             while True:
-                r = await self.client.get("/status", headers=self.auth(user))
+                r = await self.client_for(user).get("/status", headers=self.auth(user))
                 if r.json()["memory"]["not_encoded"] == 0:
                     break
                 if time.perf_counter() - t0 > STATUS_TIMEOUT_S:
@@ -190,15 +221,22 @@ class Load:
         }
 
     async def ask(
-        self, user: str, mode: str, k: int, *, store: bool = False, hang_up: int = 0
+        self,
+        user: str,
+        mode: str,
+        k: int,
+        *,
+        store: bool = False,
+        hang_up: int = 0,
+        direct: bool = False,
     ) -> dict[str, Any]:
         """One streamed request: client TTFT (the first token's chunk), total, what it
         used. ``hang_up``: close the connection after that many chunks (the server aborts
-        the request)."""
+        the request); ``direct``: to the user's API process, past the front."""
         body = self.body(mode, k, store=store)
         t0 = time.perf_counter()
         ttft, last, chunks = None, {}, 0
-        async with self.client.stream(
+        async with self.client_for(user, direct).stream(
             "POST", "/chat/completions", json=body, headers=self.auth(user)
         ) as r:
             r.raise_for_status()
@@ -225,7 +263,8 @@ class Load:
         }
 
     async def close(self) -> None:
-        await self.client.aclose()
+        for client in (*self.clients.values(), *self.direct.values()):
+            await client.aclose()
 
 
 def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -239,7 +278,9 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-async def measure(load: Load, args: argparse.Namespace, users: list[str]) -> dict[str, Any]:
+async def measure(
+    load: Load, args: argparse.Namespace, users: list[str], server_pid: int | None = None
+) -> dict[str, Any]:
     result: dict[str, Any] = {"ttft": [], "throughput": {}}
     for mode in ("inject", "prompt"):  # warm-up: first requests pay one-time costs
         for _ in range(3):
@@ -252,15 +293,25 @@ async def measure(load: Load, args: argparse.Namespace, users: list[str]) -> dic
     # One wave first: every user's entries reach the worker's GPU pool (as the in-process
     # suite prefetches its pool before timing), and one-time costs are paid.
     await asyncio.gather(*(load.ask(u, "inject", args.k) for u in users))
+    if load.direct:  # the direct clients' connections too
+        await asyncio.gather(*(load.ask(u, "inject", args.k, direct=True) for u in users))
     profile = Path(os.environ["SERVE_PROFILE"]) if os.environ.get("SERVE_PROFILE") else None
-    waves: dict[str, list[dict[str, Any]]] = {"inject": [], "prompt": []}
-    for _ in range(args.waves):  # the modes alternate: a drift of the machine hits both
-        for mode in ("inject", "prompt"):
+    # "inject-direct": the same as "inject", each request sent to its user's API process
+    # past the front (what the front costs).
+    modes = ["inject", "prompt", *(["inject-direct"] if load.direct else [])]
+    waves: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    for _ in range(args.waves):  # the modes alternate: a drift of the machine hits all
+        for mode in modes:
+            how, direct = mode.removesuffix("-direct"), mode.endswith("-direct")
             await asyncio.sleep(0.6)
             before = cpu_by_thread(profile)
+            processes = process_cpu(server_pid) if server_pid else {}
             t0, cpu0 = time.perf_counter(), time.process_time()
-            rows = await asyncio.gather(*(load.ask(u, mode, args.k) for u in users))
+            rows = await asyncio.gather(*(load.ask(u, how, args.k, direct=direct) for u in users))
             wall, load_cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            by_process = (
+                cpu_between(processes, process_cpu(server_pid), server_pid) if server_pid else {}
+            )
             await asyncio.sleep(0.6)
             after = cpu_by_thread(profile)
             cpu = {k: round(v - before.get(k, 0.0), 2) for k, v in after.items()}
@@ -274,12 +325,15 @@ async def measure(load: Load, args: argparse.Namespace, users: list[str]) -> dic
                     ),
                     **summary(rows),
                     "server_cpu_s_by_thread": cpu,  # with SERVE_PROFILE (wave + 1.2 s)
+                    # each of the server's processes during the wave (its wall_s bounds
+                    # what one thread can spend)
+                    "server_cpu_s_by_process": by_process,
                     "load_cpu_s": round(load_cpu, 2),  # this process's (the clients')
                 }
             )
             print(
-                f"throughput {mode}: {len(users) / wall:.1f} req/s; server CPU {cpu};"
-                f" load CPU {load_cpu:.2f} s",
+                f"throughput {mode}: {len(users) / wall:.1f} req/s in {wall:.2f} s;"
+                f" processes' CPU {by_process}; load CPU {load_cpu:.2f} s; threads {cpu}",
                 flush=True,
             )
     for mode, done in waves.items():  # the median wave by requests per second
@@ -294,6 +348,10 @@ async def measure(load: Load, args: argparse.Namespace, users: list[str]) -> dic
         }
     tput = result["throughput"]
     result["throughput_ratio"] = tput["inject"]["requests_per_s"] / tput["prompt"]["requests_per_s"]
+    if "inject-direct" in tput:  # > 1: the front slows injection down
+        result["direct_over_front"] = (
+            tput["inject-direct"]["requests_per_s"] / tput["inject"]["requests_per_s"]
+        )
     return result
 
 
@@ -363,9 +421,11 @@ def run(args: argparse.Namespace) -> int:
 
         async def main() -> dict[str, Any]:
             load = Load(server.base, server.tokens, args.max_tokens)
+            if args.direct:
+                load.go_direct(api_sockets(args.api_processes))
             try:
                 seeded = await seed(load, args.facts)
-                return {**await measure(load, args, names), **seeded}
+                return {**await measure(load, args, names, server.process.pid), **seeded}
             finally:
                 await load.close()
 
@@ -382,6 +442,22 @@ def run(args: argparse.Namespace) -> int:
     write_json(result, out / "serve_http.json")
     print(json.dumps({"throughput_ratio": result["throughput_ratio"]}), flush=True)
     return 0
+
+
+def api_sockets(count: int) -> list[Path]:
+    """The Unix sockets of the newest server's ``count`` API processes (``serve
+    --api-processes``: ``api-<i>.sock`` in a ``inferscale-serve-*`` folder of the temporary
+    directory)."""
+    if count < 2:
+        raise SystemExit("--direct needs --api-processes 2 or more (one process has no front)")
+    folders = sorted(
+        Path(tempfile.gettempdir()).glob("inferscale-serve-*"), key=lambda p: p.stat().st_mtime
+    )
+    for folder in reversed(folders):
+        sockets = [folder / f"api-{i}.sock" for i in range(count)]
+        if all(path.is_socket() for path in sockets):
+            return sockets
+    raise RuntimeError(f"no folder of {count} API sockets in {tempfile.gettempdir()}")
 
 
 def stop(server: subprocess.Popen[bytes]) -> None:
@@ -467,6 +543,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=10, help="TTFT requests per k and mode (10)")
     parser.add_argument(
         "--waves", type=int, default=3, help="throughput waves per mode, the median kept (3)"
+    )
+    parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="with --api-processes N > 1: injection waves past the front too, each request"
+        " to its user's API process (what the front costs)",
     )
     args = parser.parse_args(argv)
     args.ks = [int(k) for k in args.ks.split(",") if k]

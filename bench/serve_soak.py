@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.processes import process_tree, resident_kib
 from bench.report import percentile, provenance, write_json
 from bench.serve_http import Load, running_server, seed, server_arguments, statements
 
@@ -92,41 +93,6 @@ class Tally:
 
 
 # ---- resident memory of the server's processes ----
-def process_tree(root: int) -> dict[int, str]:
-    """``root`` and its descendants, ``{pid: command name}``, from every ``/proc/<pid>/stat``
-    (kernels without ``/proc/<pid>/task/<tid>/children`` have these)."""
-    names: dict[int, str] = {}
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            head, tail = stat.read_text().rsplit(")", 1)
-        except (OSError, ValueError):
-            continue  # gone meanwhile
-        pid = int(stat.parent.name)
-        names[pid], parents[pid] = head.split("(", 1)[1], int(tail.split()[1])
-    tree: dict[int, str] = {}
-    todo = [root]
-    while todo:
-        pid = todo.pop()
-        if pid in names:
-            tree[pid] = names[pid]
-            todo += [child for child, parent in parents.items() if parent == pid]
-    return tree
-
-
-def resident_kib(pid: int) -> tuple[int, int] | None:
-    """``(VmRSS, RssAnon)`` of ``pid`` in KiB; None once it is gone."""
-    try:
-        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    except OSError:
-        return None
-    fields = dict(line.split(":", 1) for line in lines if ":" in line)
-    try:
-        return int(fields["VmRSS"].split()[0]), int(fields["RssAnon"].split()[0])
-    except (KeyError, IndexError, ValueError):
-        return None
-
-
 def sample(root: int, t: float) -> dict[str, Any]:
     """The resident memory of ``root``'s tree now, summed and per process."""
     processes: dict[str, dict[str, Any]] = {}
@@ -183,7 +149,7 @@ async def request(
     """One request of ``kind`` for ``user``; returns the kind done ("memory" is "remember"
     or "forget"). Raises on an unexpected status or an error event."""
     mode = "prompt" if rng.random() < PROMPT_SHARE else "inject"
-    client, auth = load.client, load.auth(user)
+    client, auth = load.client_for(user), load.auth(user)
     if kind in ("stream", "stream_logged", "hang_up"):
         hang_up = HANG_UP_AFTER if kind == "hang_up" else 0
         await load.ask(user, mode, k, store=kind == "stream_logged", hang_up=hang_up)
@@ -196,7 +162,10 @@ async def request(
         return kind
     if kind == "memory" and len(own) >= OWN_FACTS:
         owner, fact_id = own.pop(0)
-        _expect(await client.delete(f"/memories/{fact_id}", headers=load.auth(owner)), 204)
+        _expect(
+            await load.client_for(owner).delete(f"/memories/{fact_id}", headers=load.auth(owner)),
+            204,
+        )
         return "forget"
     if kind == "memory":
         text = f"{statements(1, rng.randrange(1 << 30))[0]} Note {rng.randrange(1 << 30)}."
@@ -275,7 +244,7 @@ async def soak(
         )
         statuses = {}
         for user in tokens:
-            status = (await load.client.get("/status", headers=load.auth(user))).json()
+            status = (await load.client_for(user).get("/status", headers=load.auth(user))).json()
             statuses[user] = status["memory"]
     finally:
         watch.cancel()

@@ -168,7 +168,10 @@ def _stats_address(coordinator: Any) -> str | None:
 def _api_process(listen_address: str, sock: Any, spec: Any, client_config: dict) -> None:
     """An API process (vLLM's ``target_server_fn``): dies with the process that started it,
     then runs the caller's target."""
+    from vllm.utils.system_utils import set_process_title
+
     target, options, payload, count = spec
     die_with_parent(options.connector_extra["parent_pid"])
     index = int(client_config["client_index"])
+    set_process_title("APIServer", str(index))  # as vLLM's own: VLLM::APIServer_<i> in ps
     target(EngineClient(options, dict(client_config), index, count), payload)
