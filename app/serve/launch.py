@@ -9,8 +9,8 @@ builds its own from it. :func:`serve` runs it:
 * ``processes=N``: vLLM's engine core serving N API processes (``engine_group.py``, as
   ``vllm serve --api-server-count N``), each with the desks of the users it owns on a Unix
   socket of its own, and this process the public listener (``front.py``) that passes each
-  request to its user's process. N processes, N GILs: one process caps near 28 requests a
-  second on the H200 at k=50 (docs/BENCHMARKS.md).
+  request to its user's process. N processes, N GILs: on the H200 at k=50 one process
+  served 24–28 requests a second, 8 served 110 (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """One vLLM engine core serving several API processes, as ``vllm serve --api-server-count N``.
 
-One Python process caps a server near 28 requests a second on the H200 at k=50 (its GIL:
-retrieval, composition, HTTP and vLLM's output processing, ~35 ms of CPU a request; run AY in
-docs/BENCHMARKS.md). vLLM's own answer is several API processes over one engine core, each
-with its own ``AsyncLLM`` client (input and output sockets of its own, ``client_index``); the
-engine core schedules all of their requests together. This module starts that with vLLM's
-own pieces (``launch_core_engines``, ``APIServerProcessManager``), the connector configured
-as in a single-process server, and runs ``target(EngineClient, payload)`` in each spawned
-API process; :class:`~inferscale_core.vllm_plugin.serving_engine.ServingEngine` attaches to
-the engine core from there (``ServingEngine(options, client=...)``).
+One Python process served 24–28 requests a second on the H200 at k=50 (one GIL for retrieval,
+composition, HTTP and vLLM's output processing, ~35 ms of CPU a request; run AY in
+docs/BENCHMARKS.md), 8 processes 110 (run BG). vLLM's own answer is several API processes over
+one engine core, each with its own ``AsyncLLM`` client (input and output sockets of its own,
+``client_index``); the engine core schedules all of their requests together. This module starts
+that with vLLM's own pieces (``launch_core_engines``, ``APIServerProcessManager``), the
+connector configured as in a single-process server, and runs ``target(EngineClient, payload)``
+in each spawned API process; :class:`~inferscale_core.vllm_plugin.serving_engine.ServingEngine`
+attaches to the engine core from there (``ServingEngine(options, client=...)``).
 
 vLLM's set-up differs between the versions we run: 0.32 binds the engine's sockets here and
 hands them to the API processes (``bind_engine_zmq_listeners``); 0.26 lets each API process
