@@ -291,13 +291,19 @@ def test_the_soak_bench_load_runs_without_errors(server):
     assert rss["baseline_mib"] > 0 and rss["end_mib"] > 0
     assert len(rss["processes"]) >= 2  # the server and vLLM's engine core
     # In flight after the load: the last chats and the encodings of what the load remembered
-    # (seen: 7 still queued 20 s on, on a busy 2-core machine); all of them finish. A hung-up
-    # request that was not aborted never would: a generous deadline keeps the check exact.
+    # (seen: 7 still queued 20 s on, on a busy 2-core machine); all of them finish. The engine
+    # can be empty for a moment before the memory worker sends those encodings (seen: 0 in the
+    # engine, then 6 encodings of the 6 facts not yet encoded), so wait for both to settle. A
+    # hung-up request that was not aborted never would: a generous deadline keeps it exact.
     deadline = time.monotonic() + 180
-    while status(server, "soak")["requests_in_engine"] and time.monotonic() < deadline:
-        time.sleep(0.5)
     after = status(server, "soak")
+    while (after["requests_in_engine"] or after["memory"]["not_encoded"]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.5)
+        after = status(server, "soak")
     assert after["requests_in_engine"] == 0, f"{after}\nthe server's log:\n{server.log_tail()}"
+    assert after["memory"]["not_encoded"] == 0, after
 
 
 def test_kill9_during_encoding_loses_and_duplicates_nothing(server, memories):
