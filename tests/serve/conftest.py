@@ -3,6 +3,7 @@ worker in theirs), its own INFERSCALE_HOME, users made with the real ``users add
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import socket
@@ -45,20 +46,30 @@ def wait_healthy(proc: subprocess.Popen[bytes], base: str, log: Path) -> None:
 
 def idle_connection_still_served(port: int, idle_s: float) -> bool:
     """Whether a kept-alive connection to ``127.0.0.1:port`` still answers after ``idle_s``
-    idle: two ``/health`` requests on one socket, the second sent after the pause."""
-    request = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+    idle: two ``/health`` requests on one socket, the second sent after the pause. Each
+    response is read whole (http.client: headers and body may come in separate segments), and
+    the second must come on the first's socket (http.client would open a new one silently
+    after a ``Connection: close``)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        first = None
         for attempt in range(2):
             if attempt:
                 time.sleep(idle_s)
             try:
-                sock.sendall(request)
-                answer = sock.recv(65536)
-            except OSError:
+                conn.request("GET", "/health")
+                response = conn.getresponse()
+                response.read()
+            except (OSError, http.client.HTTPException):  # closed by the server meanwhile
                 return False
-            if not answer.startswith(b"HTTP/1.1 200"):  # b"": the server closed it
+            if response.status != 200 or response.will_close:
                 return False
-    return True
+            if attempt and conn.sock is not first:
+                return False
+            first = conn.sock
+        return True
+    finally:
+        conn.close()
 
 
 def _tail(log: Path, chars: int = 4000) -> str:
