@@ -10,12 +10,14 @@ never mix with these; the retriever then embeds the facts again under the new na
 
 Speed (a question is ~16 tokens; MiniLM's 6 layers are ~340 MFLOP of matmuls for it): on a CPU
 that computes bfloat16 natively (AVX-512 BF16 or AMX) the transformer runs in bfloat16, with
-pooling and normalising in float32, and the modules are called directly rather than through
-``SentenceTransformer.encode`` (its per-call bookkeeping costs ~1 ms). Measured on the 2-core
-development machine (AMD EPYC, AVX-512 BF16), one question, interleaved: ``encode`` 8.5 ms,
-the direct float32 forward 7.4 ms (the same vector to 1.5e-8), bfloat16 5.4 ms (cosine 0.99995
-to the float32 vector); 256 facts in batches of 64: 0.54 s float32, 0.19 s bfloat16. LoCoMo
-recall with bfloat16 vectors: docs/BENCHMARKS.md.
+pooling and normalising in float32, and ``SentenceTransformer.encode`` is not called (its
+per-call bookkeeping costs ~1 ms): MiniLM's shape runs as :class:`BertForward` (the same
+function in few calls), any other model through its modules. Measured on a 2-core AMD EPYC
+(AVX-512 BF16), one question: ``encode`` 8.5 ms, the modules in float32 7.4 ms (the same
+vector to 1.5e-8), in bfloat16 5.4 ms (cosine 0.99995 to the float32 vector); on the 2-vCPU
+Intel Xeon (AMX) the modules in bfloat16 4.9 ms, :class:`BertForward` 2.9 ms. 256 facts in
+batches of 64 (EPYC): 0.54 s float32, 0.19 s bfloat16. LoCoMo recall with bfloat16 vectors:
+docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 
+from inferscale_core.bert_forward import BertForward
 from inferscale_core.model_files import enforce_offline, minilm_dir
 
 # The files whose contents (small ones) or sizes (weights) name a sentence-transformers folder.
@@ -98,6 +101,7 @@ class SentenceTransformerEmbedder:
         self._name = name or _folder_name(self.model_dir) + suffix
         self._lock = threading.Lock()
         self._model: Any = None  # SentenceTransformer, once loaded
+        self._fast: BertForward | None = None  # its forward in few calls, for MiniLM's shape
 
     @property
     def name(self) -> str:
@@ -127,13 +131,16 @@ class SentenceTransformerEmbedder:
         return out
 
     def _forward(self, model: Any, texts: list[str]) -> torch.Tensor:
-        """The model's modules in order (the transformer, pooling, ...), as ``encode`` runs
-        them, the transformer's outputs cast to float32: ``[len(texts), dim]``, unit rows."""
+        """The model's tokenizer, then :class:`BertForward` or else its modules in order (the
+        transformer, pooling, ...), as ``encode`` runs them, the transformer's outputs cast to
+        float32: ``[len(texts), dim]``, unit rows."""
         prepare = getattr(model, "preprocess", None) or model.tokenize  # < 6: tokenize
         features = {
             key: value.to(self.device) if isinstance(value, torch.Tensor) else value
             for key, value in prepare(texts).items()
         }
+        if self._fast is not None:
+            return self._fast(features)
         for i, module in enumerate(model):
             features = module(features)
             if i == 0:  # the transformer: what follows (pooling, dense, norm) runs in float32
@@ -156,6 +163,7 @@ class SentenceTransformerEmbedder:
                 )
                 model[0].to(self.dtype)
                 self._model = model.eval()
+                self._fast = BertForward.of(self._model, self.dtype)
             return self._model
 
     def __repr__(self) -> str:

@@ -1,11 +1,13 @@
-"""The embedder: the modules called directly compute what sentence-transformers' encode does,
-and bfloat16 (the default on a CPU with native bfloat16) stays within a rounding of float32."""
+"""The embedder: its forward (MiniLM's in few calls, :class:`BertForward`) computes what
+sentence-transformers' encode does, any other model runs through its modules, and bfloat16 (the
+default on a CPU with native bfloat16) stays within a rounding of float32."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from inferscale_core.bert_forward import BertForward
 from inferscale_core.embedder import SentenceTransformerEmbedder, default_dtype
 
 TEXTS = [
@@ -29,6 +31,7 @@ def bf16() -> SentenceTransformerEmbedder:
 
 def test_float32_equals_encode_in_the_callers_order(fp32):
     model = fp32._load()
+    assert isinstance(fp32._fast, BertForward)  # MiniLM takes the fused forward
     theirs = model.encode(
         TEXTS, convert_to_tensor=True, normalize_embeddings=True, show_progress_bar=False
     )  # [74, 384]
@@ -49,6 +52,34 @@ def test_bfloat16_is_float32_within_a_rounding(fp32, bf16):
     # what retrieval relies on: a paraphrase is nearer than an unrelated sentence
     tea = bf16.embed(["I like tea", "I enjoy drinking tea", "The bus was late"])
     assert tea[0] @ tea[1] > tea[0] @ tea[2]
+
+
+def test_the_fused_forward_is_the_modules_within_a_rounding(fp32, bf16):
+    model = bf16._load()
+    fused = bf16.embed(TEXTS)  # padded batches
+    one = bf16.embed([TEXTS[0]])  # one unpadded question
+    generic = SentenceTransformerEmbedder(dtype="bfloat16")
+    generic._load()
+    generic._fast = None  # what a model of another shape runs: its modules
+    modules, modules_one = generic.embed(TEXTS), generic.embed([TEXTS[0]])
+    assert (fused * modules).sum(dim=1).min() > 0.9995
+    assert (one * modules_one).sum() > 0.9999
+    assert torch.allclose(fused.norm(dim=1), torch.ones(len(TEXTS)), atol=1e-5)
+    # both round float32; the fused forward (float32 embeddings) no worse than the modules
+    ref = fp32.embed(TEXTS)
+    assert (fused * ref).sum(dim=1).mean() >= (modules * ref).sum(dim=1).mean() - 1e-5
+    assert BertForward.of(model, torch.bfloat16) is not None
+
+
+def test_another_shape_runs_through_its_modules():
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Pooling
+
+    minilm = SentenceTransformerEmbedder(dtype="float32")._load()
+    cls = SentenceTransformer(modules=[minilm[0], Pooling(384, pooling_mode="cls")])
+    assert BertForward.of(cls, torch.float32) is None  # CLS pooling: not MiniLM's shape
+    no_norm = SentenceTransformer(modules=[minilm[0], minilm[1]])
+    assert BertForward.of(no_norm, torch.float32) is None
 
 
 def test_default_dtype_follows_the_hardware():
