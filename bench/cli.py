@@ -377,8 +377,10 @@ def _run_recall(args: argparse.Namespace, console: Console) -> int:
     modes = parse_names(args.modes)
     if min(ks) < 1 or not modes or set(modes) - set(MODES):
         args.parser.error(f"--k needs numbers >= 1, --modes some of {', '.join(MODES)}")
-    if args.latency_facts < 0 or args.latency_queries < 1:
-        args.parser.error("--latency-facts needs a number >= 0, --latency-queries >= 1")
+    if args.latency_facts < 0 or args.latency_queries < 1 or args.latency_idle_ms < 0:
+        args.parser.error(
+            "--latency-facts and --latency-idle-ms need numbers >= 0, --latency-queries >= 1"
+        )
     data = _data(args)  # before MiniLM loads: a missing file fails at once
     with console.status("benchmarking…") as status:
         result = recall.run_recall(
@@ -392,6 +394,7 @@ def _run_recall(args: argparse.Namespace, console: Console) -> int:
             latency_ks=_ks(args, args.latency_k, "--latency-k")
             if args.latency_k
             else recall.LATENCY_KS,
+            latency_idle_ms=args.latency_idle_ms,
             seed=args.seed,
             command=command_line(),
             on_progress=status.update,
@@ -759,6 +762,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     rec.add_argument(
         "--latency-k",
         help="comma-separated k of the latency timing (default: 10 and the product's k)",
+    )
+    rec.add_argument(
+        "--latency-idle-ms",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="sleep before each timed call, as a chat turn's search starts after idle (default"
+        " 0: back to back); on a small virtual machine the first call after idle wakes cores",
     )
     rec.add_argument("--data", type=Path, help=data_help)
     rec.add_argument("--seed", type=int, default=0, help="seed of the timed questions (0)")

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.locomo_data import CATEGORIES, Question
+from bench.recall_latency import IDLE_MS as LATENCY_IDLE_MS
 from bench.recall_latency import KS as LATENCY_KS
 from bench.recall_latency import run_latency
 from bench.recall_memory import CachedEmbedder, RecallMemory, build_memory
@@ -65,6 +66,7 @@ def run_recall(
     latency_facts: int = 0,
     latency_queries: int = 200,
     latency_ks: Sequence[int] = LATENCY_KS,
+    latency_idle_ms: float = LATENCY_IDLE_MS,
     seed: int = 0,
     command: str | None = None,
     on_progress: Callable[[str], None] = lambda message: None,
@@ -101,6 +103,7 @@ def run_recall(
                     queries=latency_queries,
                     ks=latency_ks,
                     seed=seed,
+                    idle_ms=latency_idle_ms,
                     on_progress=on_progress,
                 )
     return {
@@ -211,7 +214,8 @@ def markdown(result: dict[str, Any]) -> str:
         lines += [
             "",
             f"Search latency at {latency['facts']:,} facts, {latency['queries']} questions"
-            " (whole `Retriever.search` call; embed = the question's embedding alone):",
+            f" (whole `Retriever.search` call, each after {latency.get('idle_ms', 0):g} ms idle;"
+            " embed = the question's embedding alone):",
             "",
             "| k | mode | p50 | p90 | mean |",
             "| ---: | --- | ---: | ---: | ---: |",

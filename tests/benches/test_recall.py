@@ -130,6 +130,7 @@ def test_the_embedder_is_asked_once_per_text(memory, minilm):
 def test_latency_is_timed_at_the_asked_size(result):
     latency = result["latency"]
     assert latency["facts"] == 40 and latency["queries"] == 12 and latency["k"] == [3, 10]
+    assert latency["idle_ms"] == 0  # back to back unless --latency-idle-ms says otherwise
     assert set(latency["ms"]) == {"3", "10"}
     for by_mode in latency["ms"].values():
         assert set(by_mode) == {*MODES, "embed"}
@@ -145,6 +146,7 @@ def test_markdown_and_headline(result):
     for mode in MODES:
         assert f"| {mode} | overall | 13 |" in table and f"| {mode} | temporal | 3 |" in table
     assert "Search latency at 40 facts" in table and "| 10 | hybrid |" in table
+    assert "each after 0 ms idle" in table
     line = recall.headline(result)
     assert "over 13 questions" in line and all(mode in line for mode in MODES)
 
@@ -161,3 +163,7 @@ def test_the_command_prints_and_saves_the_table(tmp_path: Path, capsys):
     assert saved["questions"]["overall"] == 13
     printed = capsys.readouterr().out
     assert "| hybrid | overall | 13 |" in printed and "| keyword |" not in printed
+    with pytest.raises(SystemExit) as refused:
+        main([*argv, "--latency-idle-ms", "-1"])
+    assert refused.value.code == 2
+    assert "--latency-idle-ms need numbers >= 0" in capsys.readouterr().err
