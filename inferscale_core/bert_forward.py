@@ -55,7 +55,7 @@ class BertForward:
         self.eps = float(config.layer_norm_eps)
         self.dtype = dtype
         emb = bert.embeddings
-        self.words = emb.word_embeddings.weight.float()  # [vocab, d]
+        self.words = emb.word_embeddings.weight  # [vocab, d], the model's dtype (no copy)
         self.positions = emb.position_embeddings.weight.float()  # [max_positions, d]
         self.types = emb.token_type_embeddings.weight.float()  # [type_vocab, d]
         self.norm0 = (emb.LayerNorm.weight.float(), emb.LayerNorm.bias.float())
@@ -109,7 +109,7 @@ class BertForward:
         mask = features["attention_mask"]  # [b, t], 1 = a token, 0 = padding
         types = features.get("token_type_ids")
         b, t = ids.shape
-        x = self.words[ids] + self.positions[:t]  # [b, t, d]
+        x = self.words[ids].float() + self.positions[:t]  # [b, t, d]
         x = x + (self.types[0] if types is None else self.types[types])
         d = x.shape[-1]
         x = F.layer_norm(x, (d,), *self.norm0, self.eps).to(self.dtype)
