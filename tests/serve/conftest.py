@@ -10,12 +10,14 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import httpx
 import pytest
 
 START_TIMEOUT_S = 300.0
+DEADLINE_SAYS = "is gone and this one has not shut down"  # lifetime.py, at its deadline
 CONFIG = "k = 10\nrecompute = 0\nmax_tokens = 64\n"  # every hit injected: the tests check ids
 
 # vLLM's running / waiting counts in the server's log every few seconds: what a failure shows.
@@ -155,12 +157,18 @@ class Server:
         """SIGKILL the server process alone; return how long its engine processes took to
         go by themselves (they watch their parent)."""
         assert self.proc is not None
+        said_before = self.log.stat().st_size
         self.proc.kill()
         self.proc.wait()
         t0 = time.monotonic()
         while self.group_alive() and time.monotonic() - t0 < wait_s:
             time.sleep(0.2)
         gone = time.monotonic() - t0
+        said = self.log.read_bytes()[said_before:].decode(errors="replace")
+        if DEADLINE_SAYS in said:  # gone in time, but by the deadline: show where it hung
+            warnings.warn(
+                f"a shutdown hung; it was ended at its deadline:\n{said[-6000:]}", stacklevel=2
+            )
         if self.group_alive():  # leave nothing behind for the next test, then fail
             left = self.group_members()
             os.killpg(self.proc.pid, signal.SIGKILL)
