@@ -2,9 +2,8 @@
 
 The serve benches start the server in a process of its own; vLLM's engine core, the API
 processes and their helpers are its descendants. These helpers find them all from ``root``
-(every ``/proc/<pid>/stat``: kernels without ``/proc/<pid>/task/<tid>/children`` have these)
-and name each by its process title where it set one (vLLM's ``VLLM::EngineCore``, ours
-``inferscale::api-0``), else by its command name.
+(``inferscale_core/process_tree.py``) and name each by its process title where it set one
+(vLLM's ``VLLM::EngineCore``, ours ``inferscale::api-0``), else by its command name.
 """
 
 from __future__ import annotations
@@ -12,21 +11,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from inferscale_core.process_tree import proc_stats, tree
+
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def _stats() -> dict[int, tuple[str, int, float]]:
     """Every process now: ``{pid: (command name, parent pid, CPU seconds)}``."""
-    out: dict[int, tuple[str, int, float]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            head, tail = stat.read_text().rsplit(")", 1)
-        except (OSError, ValueError):
-            continue  # gone meanwhile
-        fields = tail.split()  # from field 3 (state) on: ppid is [1], utime [11], stime [12]
-        cpu = (int(fields[11]) + int(fields[12])) / TICK
-        out[int(stat.parent.name)] = (head.split("(", 1)[1], int(fields[1]), cpu)
-    return out
+    return {
+        pid: (name, int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK)
+        for pid, (name, fields) in proc_stats().items()
+    }
 
 
 def _title(pid: int, name: str) -> str:
@@ -40,16 +35,7 @@ def _title(pid: int, name: str) -> str:
 
 
 def _tree(root: int, stats: dict[int, tuple[str, int, float]]) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for pid, (_, parent, _) in stats.items():
-        children.setdefault(parent, []).append(pid)
-    tree, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        if pid in stats:
-            tree.append(pid)
-            todo += children.get(pid, [])
-    return tree
+    return tree(root, {pid: parent for pid, (_, parent, _) in stats.items()})
 
 
 def process_tree(root: int) -> dict[int, str]:

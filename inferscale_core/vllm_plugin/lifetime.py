@@ -33,7 +33,8 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
+
+from inferscale_core.process_tree import descendants
 
 log = logging.getLogger(__name__)
 
@@ -75,19 +76,3 @@ def _watch(parent_pid: int, grace_s: float) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     os._exit(1)
-
-
-def descendants(pid: int) -> list[int]:
-    """The pids of every process below ``pid`` (children, theirs, ...), from ``/proc``."""
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        parent = todo.pop()
-        for children in Path(f"/proc/{parent}/task").glob("*/children"):
-            try:
-                pids = [int(p) for p in children.read_text().split()]
-            except (OSError, ValueError):  # the task or process is gone meanwhile
-                continue
-            found.extend(pids)
-            todo.extend(pids)
-    return found
