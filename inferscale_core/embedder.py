@@ -8,16 +8,22 @@ Nothing is ever fetched from a model hub.
 folder's contents change, or the dtype it runs in, so vectors of another model (or precision)
 never mix with these; the retriever then embeds the facts again under the new name.
 
-Speed (a question is ~16 tokens; MiniLM's 6 layers are ~340 MFLOP of matmuls for it): on a CPU
-that computes bfloat16 natively (AVX-512 BF16 or AMX) the transformer runs in bfloat16, with
-pooling and normalising in float32, and ``SentenceTransformer.encode`` is not called (its
-per-call bookkeeping costs ~1 ms): MiniLM's shape runs as :class:`BertForward` (the same
-function in few calls), any other model through its modules. Measured on a 2-core AMD EPYC
-(AVX-512 BF16), one question: ``encode`` 8.5 ms, the modules in float32 7.4 ms (the same
-vector to 1.5e-8), in bfloat16 5.4 ms (cosine 0.99995 to the float32 vector); on the 2-vCPU
-Intel Xeon (AMX) the modules in bfloat16 4.9 ms, :class:`BertForward` 2.9 ms. 256 facts in
-batches of 64 (EPYC): 0.54 s float32, 0.19 s bfloat16. LoCoMo recall with bfloat16 vectors:
-docs/BENCHMARKS.md.
+Speed (a question is ~16 tokens; MiniLM's 6 layers are ~340 MFLOP of matmuls for it, and read
+its 11M weights): on the CPU ``SentenceTransformer.encode`` is not called (its per-call
+bookkeeping costs ~1 ms); MiniLM's shape runs as :class:`BertForward` (the same function in few
+calls), any other model through its modules. Its precision, ``dtype="auto"``, follows the CPU:
+
+* int8 on an x86 CPU with AVX-512 VNNI (:func:`int8_supported`): int8 matmuls, the rest in
+  float32 (:mod:`inferscale_core.bert_forward`), each text alone, unpadded, so a text's vector
+  does not depend on the batch it came in. One question on the 2-vCPU AMD EPYC (Zen 4): 2.3 ms;
+  256 LoCoMo turns 1.2 s. Cosine to the float32 vector >= 0.99 for a question, >= 0.98 for a
+  turn of ~100 tokens, 0.97 for "ok" (3 tokens: one activation scale spans [CLS]'s outliers);
+  LoCoMo recall as bfloat16's to the third decimal (docs/BENCHMARKS.md). Only MiniLM's shape
+  runs in int8: another model falls back to the next line.
+* else bfloat16 on a CPU that computes it natively (AVX-512 BF16 or AMX): the transformer in
+  bfloat16, pooling and normalising in float32. One question (EPYC): 4.0 ms, cosine 0.99995;
+  256 turns in batches of 64: 1.8 s.
+* else float32: 8.4 ms a question (EPYC). GPUs always run float32.
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 
-from inferscale_core.bert_forward import BertForward
+from inferscale_core.bert_forward import INT8, BertForward, int8_supported
+from inferscale_core.cpu_features import native_bfloat16
 from inferscale_core.model_files import enforce_offline, minilm_dir
 
 # The files whose contents (small ones) or sizes (weights) name a sentence-transformers folder.
@@ -42,7 +49,8 @@ _NAMING_FILES = (
     "1_Pooling/config.json",
 )
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-DTYPES = ("auto", "float32", "bfloat16")
+DTYPES = ("auto", "float32", "bfloat16", "int8")
+_SUFFIX = {torch.float32: "", torch.bfloat16: "+bf16", INT8: "+int8"}  # of ``name``
 
 
 @runtime_checkable
@@ -69,10 +77,10 @@ class SentenceTransformerEmbedder:
     Args:
         model_dir: a sentence-transformers folder; ``None`` = the packaged all-MiniLM-L6-v2.
         device: where the model runs ("cpu", "cuda", ...). Results always come back on the CPU.
-        batch_size: texts per forward pass.
+        batch_size: texts per forward pass (int8 runs each text alone).
         name: overrides the derived name (see the module docstring).
-        dtype: "float32", "bfloat16", or "auto" (:func:`default_dtype`: bfloat16 on a CPU
-            that computes it natively, else float32). Only the transformer runs in it.
+        dtype: "float32", "bfloat16", "int8" or "auto" (:func:`default_dtype`, see the module
+            docstring). Only the transformer runs in it. "int8" runs only MiniLM's shape.
     """
 
     def __init__(
@@ -94,17 +102,25 @@ class SentenceTransformerEmbedder:
             )
         self.device = device
         self.batch_size = batch_size
+        self._auto = dtype == "auto"
         self.dtype: torch.dtype = (
-            default_dtype(device) if dtype == "auto" else getattr(torch, dtype)
+            default_dtype(device)
+            if self._auto
+            else INT8
+            if dtype == "int8"
+            else getattr(torch, dtype)
         )
-        suffix = "" if self.dtype == torch.float32 else "+bf16"
-        self._name = name or _folder_name(self.model_dir) + suffix
+        if self.dtype == INT8 and torch.device(device).type != "cpu":
+            raise ValueError(f"dtype 'int8' runs on the CPU only, not on {device!r}")
+        self._given_name = name
+        self._name = name or self._derived_name()
         self._lock = threading.Lock()
         self._model: Any = None  # SentenceTransformer, once loaded
         self._fast: BertForward | None = None  # its forward in few calls, for MiniLM's shape
 
     @property
     def name(self) -> str:
+        self._load()  # an "auto" int8 falls back for a model int8 cannot run: another name
         return self._name
 
     @property
@@ -124,9 +140,10 @@ class SentenceTransformerEmbedder:
         # Longest first, as encode does: a batch of similar lengths pads little.
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         out = torch.empty(len(texts), self.dim, dtype=torch.float32)  # [n, dim]
+        per_pass = 1 if self.dtype == INT8 else self.batch_size
         with self._lock, torch.inference_mode():
-            for start in range(0, len(order), self.batch_size):
-                rows = order[start : start + self.batch_size]
+            for start in range(0, len(order), per_pass):
+                rows = order[start : start + per_pass]
                 out[rows] = self._forward(model, [texts[i] for i in rows]).cpu()
         return out
 
@@ -160,27 +177,41 @@ class SentenceTransformerEmbedder:
 
                 model = SentenceTransformer(
                     str(self.model_dir), device=self.device, local_files_only=True
-                )
-                model[0].to(self.dtype)
-                self._model = model.eval()
-                self._fast = BertForward.of(self._model, self.dtype)
+                ).eval()
+                if self.dtype == INT8 and BertForward.of(model, torch.float32) is None:
+                    if not self._auto:
+                        raise ValueError(
+                            f"dtype 'int8' runs only MiniLM's shape (BertForward); {self.model_dir}"
+                            " is another: use 'auto', 'bfloat16' or 'float32'"
+                        )
+                    self.dtype = _float_dtype(self.device)
+                    self._name = self._given_name or self._derived_name()
+                model[0].to(torch.float32 if self.dtype == INT8 else self.dtype)
+                self._fast = BertForward.of(model, self.dtype)
+                self._model = model
             return self._model
+
+    def _derived_name(self) -> str:
+        return _folder_name(self.model_dir) + _SUFFIX[self.dtype]
 
     def __repr__(self) -> str:
         return f"SentenceTransformerEmbedder({str(self.model_dir)!r}, name={self._name!r})"
 
 
 def default_dtype(device: str = "cpu") -> torch.dtype:
-    """bfloat16 on a CPU with native bfloat16 arithmetic (AVX-512 BF16 or AMX), where it is
-    ~1.4x faster for a question and ~2.8x for a batch (module docstring); float32 elsewhere,
-    GPUs included (MiniLM is not what costs there)."""
+    """What "auto" runs MiniLM in (module docstring): :data:`INT8` on a CPU where fbgemm runs,
+    else :func:`_float_dtype`."""
+    if torch.device(device).type == "cpu" and int8_supported():
+        return INT8
+    return _float_dtype(device)
+
+
+def _float_dtype(device: str) -> torch.dtype:
+    """bfloat16 on a CPU with native bfloat16 arithmetic (AVX-512 BF16 or AMX), float32
+    elsewhere, GPUs included (MiniLM is not what costs there)."""
     if torch.device(device).type != "cpu":
         return torch.float32
-    native = (
-        getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
-        or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
-    )
-    return torch.bfloat16 if native else torch.float32
+    return torch.bfloat16 if native_bfloat16() else torch.float32
 
 
 def _folder_name(folder: Path) -> str:

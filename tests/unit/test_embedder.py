@@ -1,13 +1,13 @@
 """The embedder: its forward (MiniLM's in few calls, :class:`BertForward`) computes what
-sentence-transformers' encode does, any other model runs through its modules, and bfloat16 (the
-default on a CPU with native bfloat16) stays within a rounding of float32."""
+sentence-transformers' encode does, any other model runs through its modules, bfloat16 stays
+within a rounding of float32, and int8 (the default on an x86 CPU) within its quantization."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from inferscale_core.bert_forward import BertForward
+from inferscale_core.bert_forward import INT8, BertForward, int8_supported
 from inferscale_core.embedder import SentenceTransformerEmbedder, default_dtype
 
 TEXTS = [
@@ -82,9 +82,52 @@ def test_another_shape_runs_through_its_modules():
     assert BertForward.of(no_norm, torch.float32) is None
 
 
+needs_int8 = pytest.mark.skipif(
+    not int8_supported(), reason="fbgemm's int8 linear needs an x86 CPU with AVX2 or AVX-512"
+)
+
+
+@needs_int8
+def test_int8_is_float32_within_its_quantization(fp32):
+    int8 = SentenceTransformerEmbedder(dtype="int8")
+    ref, got = fp32.embed(TEXTS), int8.embed(TEXTS)
+    assert int8.name == fp32.name + "+int8"  # never mixed with float32 or bfloat16 vectors
+    assert got.dtype == torch.float32 and got.shape == ref.shape
+    assert torch.allclose(got.norm(dim=1), torch.ones(len(TEXTS)), atol=1e-5)
+    cosine = (ref * got).sum(dim=1)  # [74]
+    words = torch.tensor([" " in text for text in TEXTS])  # all but "ok"
+    assert cosine[words].min() > 0.99
+    # "ok" is 3 tokens: one activation scale spans [CLS]'s and [SEP]'s outlier values
+    assert cosine[~words].min() > 0.97
+    # each text runs alone: its vector is the same whatever batch it came in
+    alone = torch.cat([int8.embed([text]) for text in TEXTS[:5]])
+    assert torch.equal(alone, got[:5])
+    tea = int8.embed(["I like tea", "I enjoy drinking tea", "The bus was late"])
+    assert tea[0] @ tea[1] > tea[0] @ tea[2]
+
+
+@needs_int8
+def test_int8_runs_only_minilms_shape_and_auto_falls_back(tmp_path):
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Pooling
+
+    minilm = SentenceTransformerEmbedder(dtype="float32")._load()
+    folder = tmp_path / "cls-pooled"
+    SentenceTransformer(modules=[minilm[0], Pooling(384, pooling_mode="cls")]).save(str(folder))
+    with pytest.raises(ValueError, match="int8' runs only MiniLM's shape"):
+        SentenceTransformerEmbedder(folder, dtype="int8").embed(["hi"])
+    auto = SentenceTransformerEmbedder(folder)
+    assert auto.dtype == INT8  # until it loads and finds another shape
+    assert auto.embed(["hi"]).shape == (1, 384)
+    assert auto.dtype in (torch.bfloat16, torch.float32) and not auto.name.endswith("+int8")
+    with pytest.raises(ValueError, match="CPU only"):
+        SentenceTransformerEmbedder(dtype="int8", device="cuda")
+
+
 def test_default_dtype_follows_the_hardware():
     native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    assert default_dtype("cpu") == (torch.bfloat16 if native else torch.float32)
+    floats = torch.bfloat16 if native else torch.float32
+    assert default_dtype("cpu") == (INT8 if int8_supported() else floats)
     assert default_dtype("cuda") == torch.float32
     assert SentenceTransformerEmbedder().dtype == default_dtype("cpu")
 

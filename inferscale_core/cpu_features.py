@@ -1,0 +1,24 @@
+"""What this CPU computes natively: the precisions the embedder and the vector index pick.
+
+PyTorch reads the CPU's features once (cpuinfo); these only ask it, and answer False for what a
+PyTorch build cannot tell.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def native_bfloat16() -> bool:
+    """bfloat16 dot products in hardware, summed in float32: AVX-512 BF16 or AMX."""
+    return bool(
+        getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
+        or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+    )
+
+
+def avx512_vnni() -> bool:
+    """AVX-512 with VNNI: int8 dot products summed into int32 (no 16-bit saturation)."""
+    return torch.backends.cpu.get_cpu_capability() == "AVX512" and bool(
+        getattr(torch.cpu, "_is_vnni_supported", lambda: False)()
+    )
