@@ -1,7 +1,9 @@
 """Vector indexes: fact ids -> unit vectors, top-k by inner product (cosine on unit vectors).
 
 * :class:`ExactIndex`: one torch matmul + topk over every stored vector (CPU or CUDA). Exact,
-  and fast enough for the tens of thousands of facts of a profile.
+  and fast enough for the tens of thousands of facts of a profile. On a CPU with native
+  bfloat16 it scans a bfloat16 copy and re-scores the best candidates in float32, with a
+  bound that proves the result is float32's (else it scans in float32).
 * :class:`CagraIndex`: cuVS CAGRA graph search on the GPU, for much larger profiles.
 * :func:`make_index`: picks one of them.
 
@@ -20,6 +22,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
+
+from inferscale_core.cpu_features import native_bfloat16
 
 logger = logging.getLogger(__name__)
 
@@ -58,22 +62,51 @@ class VectorIndex(Protocol):
     def __contains__(self, fact_id: object) -> bool: ...
 
 
+# ExactIndex's bfloat16 scan: candidates re-scored in float32 per query (at least k + this).
+SCAN_MARGIN = 32
+_UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+
+
 class ExactIndex:
     """Exact search: ``queries @ vectors.T`` then ``topk``, on ``device`` (CPU or CUDA).
 
     Vectors live in rows ``[0, n)`` of a growable ``[capacity, dim]`` buffer (capacity doubles
     when full). Removing an id moves the last row into its hole, so rows stay dense and a
     remove is O(1).
+
+    With ``scan_dtype`` (bfloat16 on a CPU that computes it natively, :func:`make_index`) a
+    copy of the rows in that dtype is kept too, and a search scans it (half the bytes of
+    float32: at 10k facts on the 2-vCPU AMD EPYC 0.3 ms instead of 0.4-1.8), takes the
+    ``max(2k, k + SCAN_MARGIN)`` best rows, and re-scores them from the float32 rows. The result
+    is float32's: a score read from the copy is within ``eps = 4u * |q| * max|row|`` of the
+    float32 one (u = the dtype's unit roundoff: both operands and the output rounded once,
+    float32 sums), so when the k-th re-scored score beats the last candidate's scan score by
+    ``eps``, no row left out can be better; for a query where it does not, the float32 rows
+    are scanned whole.
     """
 
-    def __init__(self, dim: int, device: str | torch.device = "cpu", capacity: int = 256) -> None:
+    def __init__(
+        self,
+        dim: int,
+        device: str | torch.device = "cpu",
+        capacity: int = 256,
+        scan_dtype: torch.dtype | None = None,
+    ) -> None:
         if dim <= 0:
             raise ValueError(f"dim must be > 0, got {dim}")
+        if scan_dtype is not None and scan_dtype not in _UNIT_ROUNDOFF:
+            raise ValueError(f"scan_dtype must be one of {list(_UNIT_ROUNDOFF)}, got {scan_dtype}")
         self._dim = dim
         self.device = torch.device(device)
         self._data = torch.zeros(max(capacity, 1), dim, device=self.device)  # [capacity, dim]
+        self.scan_dtype = scan_dtype
+        self._scan = (  # [capacity, dim] in scan_dtype, rows as _data's
+            None if scan_dtype is None else torch.zeros_like(self._data, dtype=scan_dtype)
+        )
+        self._max_norm = 0.0  # of any row ever added: a bound for eps, never lowered
         self._ids: list[int] = []  # row -> id
         self._rows: dict[int, int] = {}  # id -> row
+        self.full_scans = 0  # searches whose bound failed (scan_dtype only): for tests, benches
 
     @property
     def dim(self) -> int:
@@ -95,8 +128,14 @@ class ExactIndex:
                 self._ids.append(fid)
             rows.append(row)
         self._data = _reserve(self._data, len(self._ids))
+        if self._scan is not None:
+            self._scan = _reserve(self._scan, len(self._ids))
         if rows:
-            self._data[torch.tensor(rows, device=self.device)] = vectors
+            at = torch.tensor(rows, device=self.device)
+            self._data[at] = vectors
+            if self._scan is not None:
+                self._scan[at] = vectors.to(self._scan.dtype)
+                self._max_norm = max(self._max_norm, float(vectors.norm(dim=1).max()))
 
     def remove(self, ids: Sequence[int]) -> None:
         for fid in ids:
@@ -107,6 +146,8 @@ class ExactIndex:
             moved = self._ids.pop()
             if row != last:  # fill the hole with the last row
                 self._data[row] = self._data[last]
+                if self._scan is not None:
+                    self._scan[row] = self._scan[last]
                 self._ids[row] = moved
                 self._rows[moved] = row
 
@@ -115,8 +156,31 @@ class ExactIndex:
         n = len(self._ids)
         if n == 0 or _check_k(k) == 0:
             return [[] for _ in range(queries.shape[0])]
-        scores = queries @ self._data[:n].T  # [q, n]
-        values, rows = scores.topk(min(k, n), dim=1)  # [q, k'] best first
+        k = min(k, n)
+        candidates = max(2 * k, k + SCAN_MARGIN)
+        if self._scan is None or candidates >= n:
+            values, rows = (queries @ self._data[:n].T).topk(k, dim=1)  # [q, k] best first
+            return _pairs(values, rows, self._ids)
+        return self._scanned(queries, k, candidates)
+
+    def _scanned(
+        self, queries: torch.Tensor, k: int, candidates: int
+    ) -> list[list[tuple[int, float]]]:
+        """:meth:`search` through the ``scan_dtype`` copy (class docstring)."""
+        assert self._scan is not None and self.scan_dtype is not None
+        n = len(self._ids)
+        rough = queries.to(self.scan_dtype) @ self._scan[:n].T  # [q, n]
+        rough_top, cand = rough.float().topk(candidates, dim=1)  # [q, c] best first
+        exact = torch.einsum("qcd,qd->qc", self._data[cand], queries)  # [q, c] float32
+        values, order = exact.topk(k, dim=1)  # [q, k]
+        rows = cand.gather(1, order)  # [q, k]
+        eps = 4 * _UNIT_ROUNDOFF[self.scan_dtype] * queries.norm(dim=1) * self._max_norm  # [q]
+        proven = (values[:, -1] >= rough_top[:, -1] + eps).tolist()  # [q]
+        if not all(proven):
+            unproven = torch.tensor([i for i, ok in enumerate(proven) if not ok])
+            self.full_scans += len(unproven)
+            full, full_rows = (queries[unproven] @ self._data[:n].T).topk(k, dim=1)
+            values[unproven], rows[unproven] = full, full_rows
         return _pairs(values, rows, self._ids)
 
 
@@ -317,9 +381,12 @@ def make_index(
     size_hint: int = 0,
     cagra_threshold: int = CAGRA_THRESHOLD,
 ) -> VectorIndex:
-    """An index for about ``size_hint`` vectors: exact on the CPU or below ``cagra_threshold``,
-    CAGRA on CUDA above it (exact, with the reason logged, when CAGRA can't run)."""
+    """An index for about ``size_hint`` vectors: exact on the CPU (scanning bfloat16 where the
+    CPU computes it natively) or below ``cagra_threshold``, CAGRA on CUDA above it (exact, with
+    the reason logged, when CAGRA can't run)."""
     device = torch.device(device)
+    if device.type == "cpu":
+        return ExactIndex(dim, device, scan_dtype=torch.bfloat16 if native_bfloat16() else None)
     if device.type != "cuda" or size_hint < cagra_threshold:
         return ExactIndex(dim, device)
     try:

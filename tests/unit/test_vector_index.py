@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from inferscale_core import vector_index
+from inferscale_core.cpu_features import native_bfloat16
 from inferscale_core.vector_index import (
     CagraIndex,
     ExactIndex,
@@ -101,6 +102,45 @@ def test_exact_index_matches_brute_force(device):
     churn(index, check)
 
 
+def test_a_bfloat16_scan_returns_float32s_result():
+    """The scan's bound proves a result, else the float32 rows are scanned: either way the
+    ids and float32 scores of brute force, through adds, upserts and removes."""
+    queries = unit(12, seed=2)
+    index = ExactIndex(DIM, "cpu", capacity=4, scan_dtype=torch.bfloat16)
+
+    def check(stored):
+        for k in (1, 5, len(stored) + 10):
+            assert_same(index.search(queries, k), brute(stored, queries, k))
+
+    churn(index, check)
+    assert index.full_scans < 12 * 20  # most searches were proven from the scan
+
+
+def test_near_ties_fall_back_to_the_float32_scan():
+    """Rows whose scores differ below bfloat16's rounding (~1e-4 apart, eps 0.016): the bound
+    cannot prove the scan's order, so the float32 rows decide."""
+    dim, n, k = 384, 400, 5
+    query = unit(1, dim, seed=3)  # [1, dim]
+    rows = query + 0.05 * unit(n, dim, seed=4)  # [n, dim]: scores within ~1e-3 of each other
+    rows = rows / rows.norm(dim=1, keepdim=True)
+    spread = unit(2, dim, seed=5)  # and a query the rows are far from
+    index = ExactIndex(dim, "cpu", scan_dtype=torch.bfloat16)
+    index.add(list(range(n)), rows)
+    stored = dict(enumerate(rows))
+    assert_same(index.search(query, k), brute(stored, query, k))
+    assert index.full_scans == 1
+    other = unit(100, dim, seed=6)
+    index.add(list(range(n, n + 100)), other)
+    stored.update(zip(range(n, n + 100), other, strict=True))
+    for q in (spread, other[:3] + 0.05 * unit(3, dim, seed=7)):
+        assert_same(index.search(q, k), brute(stored, q, k))
+
+
+def test_the_scan_dtype_is_checked():
+    with pytest.raises(ValueError, match="scan_dtype"):
+        ExactIndex(DIM, "cpu", scan_dtype=torch.int8)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_empty_index_and_bad_input(device):
     index = make_index(DIM, device)
@@ -122,7 +162,9 @@ def test_empty_index_and_bad_input(device):
 
 
 def test_make_index_is_exact_on_the_cpu_whatever_the_size():
-    assert isinstance(make_index(DIM, "cpu", size_hint=10**7), ExactIndex)
+    index = make_index(DIM, "cpu", size_hint=10**7)
+    assert isinstance(index, ExactIndex)
+    assert index.scan_dtype == (torch.bfloat16 if native_bfloat16() else None)
     with pytest.raises(IndexUnavailableError, match="CUDA"):
         CagraIndex(DIM, "cpu")
 
