@@ -24,6 +24,11 @@ index is built on the profile's first use from the embeddings stored in the fact
 (``fact_embeddings``); facts without one are embedded then, in batches, and stored. Later facts
 come in through :meth:`Retriever.add`.
 
+A search embeds the question and searches the vectors on the process's retrieval thread
+(:mod:`inferscale_core.retrieval_thread`); a hybrid one runs the keyword search on the caller's
+meanwhile (torch and SQLite both release the GIL), so it takes about the longer of the two, not
+their sum.
+
 The fact log has the last word: every hit is re-read from it (one query per search) and dropped
 unless it is still an active fact of the profile, so a forgotten or replaced fact never comes
 back, even from a stale index (and the stale id is dropped from the index on the way).
@@ -45,6 +50,7 @@ import torch
 
 from inferscale_core.embedder import Embedder
 from inferscale_core.factlog import FactLog, InactiveFactError
+from inferscale_core.retrieval_thread import retrieval_thread
 from inferscale_core.types import Fact, Hit
 from inferscale_core.vector_index import VectorIndex, make_index
 
@@ -163,7 +169,7 @@ class Retriever:
         if mode == "keyword":
             hits = self._hits(profile_id, self.log.keyword_search(profile_id, question, k), k)
         elif mode == "dense":
-            hits = self._search(profile_id, self.embedder.embed([question]), k)  # [1, dim] query
+            hits = self._search(profile_id, question, k)
         else:
             hits = self._hybrid(profile_id, question, k)
         if order == "best_last":
@@ -175,21 +181,23 @@ class Retriever:
     def similar(self, profile_id: int, text: str, threshold: float = 0.92) -> Hit | None:
         """The profile's active fact most similar to ``text`` if its cosine similarity is at
         least ``threshold``, else None (for merging near-duplicates at extraction)."""
-        hits = self._search(profile_id, self.embedder.embed([text]), 1)
+        hits = self._search(profile_id, text, 1)
         return hits[0] if hits and hits[0].score >= threshold else None
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _search(self, profile_id: int, query: torch.Tensor, k: int) -> list[Hit]:
-        """Best first. Hits the log no longer backs are dropped (and removed from the index),
-        and the search repeated until k good ones are found or the index is exhausted."""
+    def _search(self, profile_id: int, text: str, k: int) -> list[Hit]:
+        """Dense, best first (the torch work on the retrieval thread). Hits the log no longer
+        backs are dropped (and removed from the index), and the search repeated until k good
+        ones are found or the index is exhausted."""
         index = self._index(profile_id)
+        query, found = retrieval_thread().submit(self._embed_and_search, index, text, k).result()
         while True:
-            found = index.search(query, k)[0]  # [(fact id, score)] best first
             facts = self._active_facts(profile_id, [fid for fid, _ in found])
             stale = [fid for fid, _ in found if fid not in facts]
             if not self._dropped(index, profile_id, stale):
                 break
+            found = retrieval_thread().submit(index.search, query, k).result()[0]
         hits = [(facts[fid], score) for fid, score in found if fid in facts]
         return [Hit(fact, score, rank) for rank, (fact, score) in enumerate(hits, start=1)]
 
@@ -210,15 +218,21 @@ class Retriever:
         ``k`` active facts are found; a stale dense id read there is dropped from the index
         and the search repeated."""
         n = CANDIDATES * k
-        query = self.embedder.embed([question])  # [1, dim]
         index = self._index(profile_id)
+        # The question's embedding and the vector search run on the retrieval thread while
+        # SQLite searches here: both let go of the GIL, so on two cores the search takes about
+        # the longer of the two (docs/BENCHMARKS.md, "Retrieval latency").
+        dense_side = retrieval_thread().submit(self._embed_and_search, index, question, n)
         keyword = self.log.keyword_search(profile_id, question, n)  # [(fact id, bm25)]
         person = self._named_person(profile_id, question)
+        said: dict[int, str | None] = {}  # fact id -> its speaker, of the ids looked up
+        if person is not None:  # the keyword candidates' speakers, while the thread works
+            said = self._speakers(said, [fid for fid, _ in keyword])
+        query, dense = dense_side.result()  # [1, dim], [(fact id, cosine)] best first
         top = (1 + KEYWORD_WEIGHT) / (RRF_K + 1)  # the score of a fact first in every list
         if person is not None:
             top += PEOPLE_WEIGHT / (RRF_K + 1)
         while True:
-            dense = index.search(query, n)[0]  # [(fact id, cosine)] best first
             fused: dict[int, float] = {}
             for rank, (fid, _) in enumerate(dense, start=1):
                 fused[fid] = 1 / (RRF_K + rank)
@@ -231,15 +245,33 @@ class Retriever:
 
             ranked = sorted(fused, key=order)
             if person is not None:
-                said = self.log.fact_speakers(ranked)
-                theirs = [fid for fid in ranked if said.get(fid, "").casefold() == person]
+                said = self._speakers(said, ranked)
+                theirs = [fid for fid in ranked if (said[fid] or "").casefold() == person]
                 for rank, fid in enumerate(theirs, start=1):
                     fused[fid] += PEOPLE_WEIGHT / (RRF_K + rank)
                 ranked.sort(key=order)
             facts, gone = self._first_active(profile_id, ranked, k)
             if not self._dropped(index, profile_id, [fid for fid in gone if fid in dense_rank]):
                 break
+            dense = retrieval_thread().submit(index.search, query, n).result()[0]
         return [Hit(fact, fused[fact.id] / top, rank) for rank, fact in enumerate(facts, start=1)]
+
+    def _speakers(self, said: dict[int, str | None], ids: list[int]) -> dict[int, str | None]:
+        """``said`` with the speakers of ``ids`` it lacks read from the log (None: a fact
+        nobody said, :meth:`FactLog.fact_speakers`)."""
+        todo = [fid for fid in ids if fid not in said]
+        if todo:
+            found = self.log.fact_speakers(todo)
+            said = {**said, **{fid: found.get(fid) for fid in todo}}
+        return said
+
+    def _embed_and_search(
+        self, index: VectorIndex, question: str, n: int
+    ) -> tuple[torch.Tensor, list[tuple[int, float]]]:
+        """The question's vector ``[1, dim]`` and its ``n`` nearest ``[(fact id, cosine)]``
+        (run on the retrieval thread)."""
+        query = self.embedder.embed([question])  # [1, dim]
+        return query, index.search(query, n)[0]
 
     def _first_active(
         self, profile_id: int, ranked: list[int], k: int

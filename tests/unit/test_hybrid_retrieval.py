@@ -4,12 +4,14 @@ Over real fact-log files and the real MiniLM embedder: the keyword index follows
 edit and forget in the same transaction, an old database upgrades with its facts indexed, no
 input makes an FTS5 syntax error, fusion finds by a rare word a fact dense ranks low, a fact is
 found by its date and the turns before it (until its conversation is deleted or it is
-forgotten), and a question naming a person prefers what that person said.
+forgotten), a question naming a person prefers what that person said, and the question is
+embedded on another thread while the keyword search runs.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 from datetime import datetime
 
 import pytest
@@ -185,6 +187,38 @@ def test_hybrid_finds_a_rare_word_that_dense_ranks_low(log, minilm):
     assert [h.fact.id for h in last] == [h.fact.id for h in reversed(hybrid)]
     with pytest.raises(ValueError, match="mode"):
         retriever.search(p, question, 5, mode="bm25")
+
+
+class _Threads:
+    """The real embedder, noting the thread each call runs on (or raising, when told to)."""
+
+    def __init__(self, inner: SentenceTransformerEmbedder) -> None:
+        self.inner, self.threads, self.fail = inner, [], False
+        self.name, self.dim = inner.name, inner.dim
+
+    def embed(self, texts):
+        self.threads.append(threading.current_thread().name)
+        if self.fail:
+            raise RuntimeError("embedder broke")
+        return self.inner.embed(texts)
+
+
+def test_the_question_is_embedded_beside_the_keyword_search(log, minilm):
+    p = log.profile()
+    add_facts(log, p, FACTS)
+    watched = _Threads(minilm)
+    retriever = Retriever(log, watched)
+    retriever.sync(p)  # the index is built (the facts embedded here) before the search
+    watched.threads.clear()
+    question = "Which city did my sister move to?"
+    hybrid = retriever.search(p, question, 5, "best_first")
+    assert len(watched.threads) == 1 and watched.threads[0].startswith("inferscale-retrieval")
+    assert hybrid == Retriever(log, minilm).search(p, question, 5, "best_first")
+    dense = retriever.search(p, question, 5, mode="dense")  # a dense search's too
+    assert len(dense) == 5 and watched.threads[-1].startswith("inferscale-retrieval")
+    watched.fail = True  # an embedder's error reaches the caller
+    with pytest.raises(RuntimeError, match="embedder broke"):
+        retriever.search(p, question, 5)
 
 
 def chat(log: FactLog, p: int, title: str, turns: list[tuple[str, str]], day: str) -> list[int]:
