@@ -20,18 +20,34 @@ import ctypes
 import logging
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import torch
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _pool: ThreadPoolExecutor | None = None
 _lock = threading.Lock()
+_local = threading.local()  # .is_it: True on the retrieval thread
 
 
-def retrieval_thread() -> ThreadPoolExecutor:
-    """The thread, started on first use (one for the process: searches take turns on it)."""
+def submit(fn: Callable[..., T], /, *args: Any) -> Future[T]:
+    """Run ``fn(*args)`` on the retrieval thread (started on first use; one for the process:
+    searches take turns on it). Called from that thread, it runs at once (no deadlock)."""
+    if getattr(_local, "is_it", False):
+        done: Future[T] = Future()
+        try:
+            done.set_result(fn(*args))
+        except BaseException as e:  # handed to the caller, as the pool does
+            done.set_exception(e)
+        return done
+    return _thread().submit(fn, *args)
+
+
+def _thread() -> ThreadPoolExecutor:
     global _pool
     with _lock:
         if _pool is None:
@@ -42,6 +58,7 @@ def retrieval_thread() -> ThreadPoolExecutor:
 
 
 def _one_openmp_thread() -> None:
+    _local.is_it = True
     torch.get_num_threads()  # PyTorch's per-thread setup first: it would undo what follows
     set_threads = getattr(ctypes.CDLL(None), "omp_set_num_threads", None)
     if set_threads is None:

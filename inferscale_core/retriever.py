@@ -48,9 +48,9 @@ from typing import Literal, Protocol
 import numpy as np
 import torch
 
+from inferscale_core import retrieval_thread
 from inferscale_core.embedder import Embedder
 from inferscale_core.factlog import FactLog, InactiveFactError
-from inferscale_core.retrieval_thread import retrieval_thread
 from inferscale_core.types import Fact, Hit
 from inferscale_core.vector_index import VectorIndex, make_index
 
@@ -191,13 +191,13 @@ class Retriever:
         backs are dropped (and removed from the index), and the search repeated until k good
         ones are found or the index is exhausted."""
         index = self._index(profile_id)
-        query, found = retrieval_thread().submit(self._embed_and_search, index, text, k).result()
+        query, found = retrieval_thread.submit(self._embed_and_search, index, text, k).result()
         while True:
             facts = self._active_facts(profile_id, [fid for fid, _ in found])
             stale = [fid for fid, _ in found if fid not in facts]
             if not self._dropped(index, profile_id, stale):
                 break
-            found = retrieval_thread().submit(index.search, query, k).result()[0]
+            found = retrieval_thread.submit(index.search, query, k).result()[0]
         hits = [(facts[fid], score) for fid, score in found if fid in facts]
         return [Hit(fact, score, rank) for rank, (fact, score) in enumerate(hits, start=1)]
 
@@ -222,7 +222,7 @@ class Retriever:
         # The question's embedding and the vector search run on the retrieval thread while
         # SQLite searches here: both let go of the GIL, so on two cores the search takes about
         # the longer of the two (docs/BENCHMARKS.md, "Retrieval latency").
-        dense_side = retrieval_thread().submit(self._embed_and_search, index, question, n)
+        dense_side = retrieval_thread.submit(self._embed_and_search, index, question, n)
         keyword = self.log.keyword_search(profile_id, question, n)  # [(fact id, bm25)]
         person = self._named_person(profile_id, question)
         said: dict[int, str | None] = {}  # fact id -> its speaker, of the ids looked up
@@ -253,7 +253,7 @@ class Retriever:
             facts, gone = self._first_active(profile_id, ranked, k)
             if not self._dropped(index, profile_id, [fid for fid in gone if fid in dense_rank]):
                 break
-            dense = retrieval_thread().submit(index.search, query, n).result()[0]
+            dense = retrieval_thread.submit(index.search, query, n).result()[0]
         return [Hit(fact, fused[fact.id] / top, rank) for rank, fact in enumerate(facts, start=1)]
 
     def _speakers(self, said: dict[int, str | None], ids: list[int]) -> dict[int, str | None]:
