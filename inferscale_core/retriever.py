@@ -227,7 +227,7 @@ class Retriever:
         person = self._named_person(profile_id, question)
         said: dict[int, str | None] = {}  # fact id -> its speaker, of the ids looked up
         if person is not None:  # the keyword candidates' speakers, while the thread works
-            said = self._speakers(said, [fid for fid, _ in keyword])
+            self._read_speakers(said, [fid for fid, _ in keyword])
         query, dense = dense_side.result()  # [1, dim], [(fact id, cosine)] best first
         top = (1 + KEYWORD_WEIGHT) / (RRF_K + 1)  # the score of a fact first in every list
         if person is not None:
@@ -245,7 +245,7 @@ class Retriever:
 
             ranked = sorted(fused, key=order)
             if person is not None:
-                said = self._speakers(said, ranked)
+                self._read_speakers(said, ranked)
                 theirs = [fid for fid in ranked if (said[fid] or "").casefold() == person]
                 for rank, fid in enumerate(theirs, start=1):
                     fused[fid] += PEOPLE_WEIGHT / (RRF_K + rank)
@@ -256,14 +256,13 @@ class Retriever:
             dense = retrieval_thread.submit(index.search, query, n).result()[0]
         return [Hit(fact, fused[fact.id] / top, rank) for rank, fact in enumerate(facts, start=1)]
 
-    def _speakers(self, said: dict[int, str | None], ids: list[int]) -> dict[int, str | None]:
-        """``said`` with the speakers of ``ids`` it lacks read from the log (None: a fact
-        nobody said, :meth:`FactLog.fact_speakers`)."""
+    def _read_speakers(self, said: dict[int, str | None], ids: list[int]) -> None:
+        """Add to ``said`` the speakers of the ``ids`` it lacks, read from the log (None: a
+        fact nobody said, :meth:`FactLog.fact_speakers`)."""
         todo = [fid for fid in ids if fid not in said]
         if todo:
             found = self.log.fact_speakers(todo)
-            said = {**said, **{fid: found.get(fid) for fid in todo}}
-        return said
+            said.update((fid, found.get(fid)) for fid in todo)
 
     def _embed_and_search(
         self, index: VectorIndex, question: str, n: int
