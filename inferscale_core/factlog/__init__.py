@@ -14,7 +14,8 @@ tables), each a mixin of :class:`FactLog` over the shared connection of
 * ``conversations``: ``profiles``, ``conversations``, ``turns``;
 * ``facts``: ``facts`` (each change writes its ``audit`` row); ``audit``: reading the trail;
 * ``kv_index``: ``kv_entries``; ``embeddings``: ``fact_embeddings``;
-* ``fulltext``: ``facts_fts``, the BM25 keyword index of the active facts (kept by triggers);
+* ``fulltext``: ``facts_fts_p<id>``, each profile's BM25 keyword index of its active facts
+  (kept by triggers);
 * ``imports``: ``imports``; ``extraction``: ``extraction_cursor``;
 * ``replies``: ``reply_details`` and ``reply_memories`` (what each assistant turn used);
 * ``migrations``: the schema.
@@ -27,7 +28,7 @@ Decisions:
   user's local day matters for dates facts refer to), a naive one stays naive (zone unknown).
   Turns are ordered by ``idx``, never by timestamp. ``facts.refers_to`` is ``YYYY-MM-DD``.
 * Forgetting: a forgotten fact's ``text`` (and ``search_context``) becomes "", its
-  ``kv_entries`` and ``fact_embeddings`` rows are deleted, its ``facts_fts`` entry too (by
+  ``kv_entries`` and ``fact_embeddings`` rows are deleted, its keyword index entry too (by
   trigger), and its text is blanked in the stored details of the replies that used it
   (``reply_memories``), in the same transaction (the caller deletes the tensors under the
   returned keys). It is never

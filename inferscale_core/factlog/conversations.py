@@ -14,7 +14,7 @@ from typing import Any
 
 from inferscale_core.context_window import first_context_turn
 from inferscale_core.factlog._base import FactLogBase, like_pattern, parse_dt, utc_now
-from inferscale_core.factlog.fulltext import search_context
+from inferscale_core.factlog.fulltext import create_profile_index, search_context
 from inferscale_core.types import Conversation, ConversationInfo, Turn
 
 logger = logging.getLogger(__name__)
@@ -46,7 +46,9 @@ class ConversationsMixin(FactLogBase):
                 " ON CONFLICT (name) DO NOTHING",
                 (name, utc_now()),
             )
-            return self._one("SELECT id FROM profiles WHERE name = ?", (name,))
+            profile_id = self._one("SELECT id FROM profiles WHERE name = ?", (name,))
+            create_profile_index(self.db, profile_id)  # its own keyword index (fulltext.py)
+            return profile_id
 
     # -- writing conversations and turns ----------------------------------------------------
 

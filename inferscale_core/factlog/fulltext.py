@@ -1,10 +1,15 @@
-"""Keyword search over the active facts: the ``facts_fts`` FTS5 index, ranked by BM25.
+"""Keyword search over the active facts: one FTS5 index per profile, ranked by BM25.
 
-The index is kept by triggers on ``facts`` (migrations ``m011_facts_fts``,
-``m012_fact_search_context``): a fact is in it exactly while it is active, so adding,
-replacing, retiring or forgetting a fact changes the index in the same transaction. A search is
-per profile (the profile id is an indexed column, ANDed into the query); BM25's term statistics
-are the whole file's, so another profile's facts can shift scores, never results.
+Each profile has its own index, ``facts_fts_p<id>`` (:func:`create_profile_index`, made with
+the profile; migration ``m013_facts_fts_per_profile`` for the profiles already there), kept by
+triggers on ``facts`` that fire for that profile's rows only: a fact is in it exactly while it
+is active, so adding, replacing, retiring or forgetting a fact changes the index in the same
+transaction. BM25's statistics (the number of facts, their average length, how many facts hold
+a word) are therefore the profile's own. With one index for the whole file (m011-m012) they
+were every profile's: another profile's facts changed a search's scores *and* its order, so a
+user could test whether someone else's memory held a word (issue 35). A file with one profile
+scores exactly as it did then (the ``profile_id`` column is kept, weight 0, so that a fact's
+length in tokens is unchanged).
 
 Two columns are searched: the fact's ``text`` and its ``search_context`` (:func:`search_context`,
 written with the fact; a third, ``profile_id``, only filters). The context is the day the fact
@@ -24,6 +29,7 @@ words, each quoted, OR-ed, without stop words, so no input can raise an FTS5 syn
 from __future__ import annotations
 
 import re
+import sqlite3
 import unicodedata
 from collections.abc import Sequence
 from datetime import date
@@ -99,6 +105,50 @@ def search_context(db: Database, refers_to: date | str | None, turn_ids: Sequenc
     return "\n".join(lines)
 
 
+def index_name(profile_id: int) -> str:
+    """The profile's FTS5 table: ``facts_fts_p7``."""
+    return f"facts_fts_p{int(profile_id)}"
+
+
+def create_profile_index(db: Database, profile_id: int) -> None:
+    """The profile's keyword index and the triggers that keep it; a no-op when it exists.
+
+    An external-content FTS5 table over a view of the profile's active facts (``rebuild`` and
+    ``integrity-check`` read exactly them; rowid = fact id), and three triggers on ``facts``
+    that fire for the profile's rows only: index a fact when it becomes active, unindex it
+    when it stops being one (superseded, retired, forgotten, deleted), inside the statement
+    that changes it. A 'delete' must be given exactly the indexed values, which ``old.*`` are;
+    a fact's profile never changes. The tokenizer is part of the index: changing it needs a
+    migration that rebuilds every profile's. Stemming (porter) is English.
+    """
+    p = int(profile_id)
+    fts, cols = index_name(p), "text, search_context, profile_id"
+    for sql in (
+        f"CREATE VIEW IF NOT EXISTS facts_active_p{p} AS SELECT id, {cols} FROM facts"
+        f" WHERE profile_id = {p} AND status = 'active'",
+        f"CREATE VIRTUAL TABLE IF NOT EXISTS {fts} USING fts5({cols},"
+        f" content = 'facts_active_p{p}', content_rowid = 'id',"
+        " tokenize = 'porter unicode61 remove_diacritics 2')",
+        f"CREATE TRIGGER IF NOT EXISTS {fts}_insert AFTER INSERT ON facts"
+        f" WHEN new.profile_id = {p} AND new.status = 'active' BEGIN"
+        f" INSERT INTO {fts} (rowid, {cols})"
+        " VALUES (new.id, new.text, new.search_context, new.profile_id); END",
+        f"CREATE TRIGGER IF NOT EXISTS {fts}_update"
+        f" AFTER UPDATE OF status, text, search_context ON facts WHEN new.profile_id = {p} BEGIN"
+        f" INSERT INTO {fts} ({fts}, rowid, {cols})"
+        "  SELECT 'delete', old.id, old.text, old.search_context, old.profile_id"
+        "  WHERE old.status = 'active';"
+        f" INSERT INTO {fts} (rowid, {cols})"
+        "  SELECT new.id, new.text, new.search_context, new.profile_id"
+        "  WHERE new.status = 'active'; END",
+        f"CREATE TRIGGER IF NOT EXISTS {fts}_delete AFTER DELETE ON facts"
+        f" WHEN old.profile_id = {p} AND old.status = 'active' BEGIN"
+        f" INSERT INTO {fts} ({fts}, rowid, {cols})"
+        " VALUES ('delete', old.id, old.text, old.search_context, old.profile_id); END",
+    ):
+        db.execute(sql)
+
+
 class FullTextMixin(FactLogBase):
     def keyword_search(self, profile_id: int, query: str, k: int) -> list[tuple[int, float]]:
         """The ``k`` active facts of the profile that best match ``query``'s words, by BM25
@@ -115,12 +165,17 @@ class FullTextMixin(FactLogBase):
         words = fts_query(query)
         if k <= 0 or not words:
             return []
-        # one FTS5 query: the words in the text and context only, the profile an indexed column
-        # (weight 0), and only active facts are in the index (the triggers): nothing is joined
-        match = f'{{text search_context}} : ({words}) AND profile_id : "{int(profile_id)}"'
-        rows = self.db.execute(
-            "SELECT rowid, -bm25(facts_fts, 1.0, ?, 0.0) AS score FROM facts_fts"
-            " WHERE facts_fts MATCH ? ORDER BY score DESC, rowid LIMIT ?",
-            (CONTEXT_WEIGHT, match, k),
-        ).fetchall()
+        # one FTS5 query on the profile's own index (only its active facts are in it, the
+        # triggers): the words in the text and context only, the profile_id column weight 0
+        fts = index_name(profile_id)
+        try:
+            rows = self.db.execute(
+                f"SELECT rowid, -bm25({fts}, 1.0, ?, 0.0) AS score FROM {fts}"
+                f" WHERE {fts} MATCH ? ORDER BY score DESC, rowid LIMIT ?",
+                (CONTEXT_WEIGHT, f"{{text search_context}} : ({words})", k),
+            ).fetchall()
+        except sqlite3.OperationalError as e:
+            if str(e).startswith("no such table"):
+                return []  # no such profile
+            raise
         return [(r[0], r[1]) for r in rows]

@@ -392,6 +392,25 @@ def m012_fact_search_context(db: Database) -> None:
     db.execute("INSERT INTO facts_fts (facts_fts) VALUES ('optimize')")
 
 
+@migrations()
+def m013_facts_fts_per_profile(db: Database) -> None:
+    # One keyword index per profile instead of one for the file: BM25's statistics over every
+    # profile's facts let a user test whether another's memory held a word (issue 35; see
+    # fulltext.py). Each profile's index is made by fulltext.create_profile_index, as
+    # ConversationsMixin.profile() makes it for a new profile; the active facts are indexed
+    # here and each index merged into one segment.
+    from inferscale_core.factlog.fulltext import create_profile_index, index_name
+
+    for trigger in ("facts_fts_insert", "facts_fts_update", "facts_fts_delete"):
+        db.execute(f"DROP TRIGGER {trigger}")
+    db.execute("DROP TABLE facts_fts")
+    for (profile_id,) in db.execute("SELECT id FROM profiles ORDER BY id").fetchall():
+        create_profile_index(db, profile_id)
+        fts = index_name(profile_id)
+        db.execute(f"INSERT INTO {fts} ({fts}) VALUES ('rebuild')")
+        db.execute(f"INSERT INTO {fts} ({fts}) VALUES ('optimize')")
+
+
 def migrate(db: Database) -> None:
     """Apply every pending migration; a no-op when the schema is current.
 

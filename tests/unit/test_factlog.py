@@ -158,6 +158,7 @@ def test_migrations_create_the_schema_and_reapply_as_a_no_op():
         "m010_reply_details",
         "m011_facts_fts",
         "m012_fact_search_context",
+        "m013_facts_fts_per_profile",
     ]
     assert db["kv_entries"].pks == ["fact_id", "model_fingerprint", "w", "encoder_version"]
     assert db["fact_embeddings"].pks == ["fact_id", "model"]
@@ -177,8 +178,11 @@ def test_migrations_create_the_schema_and_reapply_as_a_no_op():
 def test_every_table_has_the_expected_columns():
     db = Database(memory=True)
     migrate(db)
-    fts = {f"facts_fts{part}" for part in ("", "_data", "_idx", "_docsize", "_config")}
+    assert set(db.table_names()) == {*EXPECTED_COLUMNS, "_sqlite_migrations"}
+    FactLog(db).profile()  # a profile brings its keyword index (fulltext.py)
+    fts = {f"facts_fts_p1{part}" for part in ("", "_data", "_idx", "_docsize", "_config")}
     assert set(db.table_names()) == {*EXPECTED_COLUMNS, "_sqlite_migrations", *fts}
+    assert db.view_names() == ["facts_active_p1"]
     for table, columns in EXPECTED_COLUMNS.items():
         assert db[table].columns_dict == columns, table
 

@@ -19,7 +19,7 @@ from sqlite_utils import Database
 
 from inferscale_core.embedder import SentenceTransformerEmbedder
 from inferscale_core.factlog import FactLog
-from inferscale_core.factlog.fulltext import fts_query
+from inferscale_core.factlog.fulltext import fts_query, index_name
 from inferscale_core.factlog.migrations import migrations
 from inferscale_core.retriever import MODES, Retriever
 from inferscale_core.types import Conversation, Turn
@@ -37,6 +37,12 @@ NASTY = [
 @pytest.fixture(scope="module")
 def minilm() -> SentenceTransformerEmbedder:
     return SentenceTransformerEmbedder()
+
+
+def integrity_check(log: FactLog, profile_id: int) -> None:
+    """FTS5's own check of the profile's index against its active facts (raises if off)."""
+    fts = index_name(profile_id)
+    log.db.execute(f"INSERT INTO {fts} ({fts}) VALUES ('integrity-check')")
 
 
 def keyword_ids(log: FactLog, profile_id: int, query: str) -> set[int]:
@@ -90,10 +96,53 @@ def test_the_index_follows_add_edit_forget_and_retire(log):
         raise RuntimeError("the caller failed after the forget")
     assert keyword_ids(log, p, "coffee") == {ids["coffee"]}
     # the index holds exactly the active facts
-    indexed = {r[0] for r in log.db.execute("SELECT id FROM facts_fts_docsize")}  # its rows
-    active = {r[0] for r in log.db.execute("SELECT id FROM facts WHERE status = 'active'")}
-    assert indexed == active
-    log.db.execute("INSERT INTO facts_fts (facts_fts) VALUES ('integrity-check')")
+    for profile in (p, other):  # each index holds exactly its profile's active facts
+        fts = index_name(profile)
+        indexed = {r[0] for r in log.db.execute(f"SELECT id FROM {fts}_docsize")}
+        active = {f.id for f in log.active_facts(profile)}
+        assert indexed == active
+        log.db.execute(f"INSERT INTO {fts} ({fts}) VALUES ('integrity-check')")
+
+
+def test_another_profiles_facts_never_change_a_search(log):
+    """The BM25 side channel (issue 35): a user who stores two facts with two rare words and
+    searches for both must see byte-identical scores and order whatever another user stores
+    or forgets, or they could test whether someone else's memory holds a word."""
+    me, them = log.profile("user:me"), log.profile("user:them")
+    add_facts(log, me, FACTS)
+    log.add_fact(me, "Doctor Zanetti moved her practice to Porto")
+    log.add_fact(me, "The gate code is 4812, and the doctor parks there")
+    questions = ["Zanetti 4812", "doctor code", "4812", "Zanetti", "cat coffee Lisbon"]
+
+    def searches() -> list[str]:
+        return [repr(log.keyword_search(me, q, 10)) for q in questions]
+
+    alone = searches()
+    assert all(s != "[]" for s in alone)
+    theirs = [
+        log.add_fact(them, text)[0]
+        for text in (
+            "My doctor is Dr Zanetti",
+            "Zanetti said 4812 twice, Zanetti again",
+            "The alarm code is 4812",
+            *(f"Filler fact number {i} about a cat and coffee" for i in range(20)),
+        )
+    ]
+    assert searches() == alone
+    for fid in theirs:
+        log.forget_fact(fid, cause="asked to")
+    assert searches() == alone
+    assert keyword_ids(log, them, "Zanetti") == set()
+
+
+def test_one_profile_scores_as_the_file_wide_index_did(log):
+    """A file with one profile: its own index has the statistics the old file-wide index had,
+    so it scores exactly as that did (the values below are what m012's index gave)."""
+    p = log.profile()
+    ids = add_facts(log, p, FACTS)
+    hits = log.keyword_search(p, "cat Miso coffee", 3)
+    assert hits[0][0] == ids["cat"]
+    assert [s for _, s in hits] == [4.454219135310325, 1.992104356803421]
 
 
 def test_an_old_database_upgrades_with_its_facts_indexed(tmp_path, minilm):
@@ -121,14 +170,18 @@ def test_an_old_database_upgrades_with_its_facts_indexed(tmp_path, minilm):
 
     with FactLog.open(path) as log:
         applied = [m.name for m in migrations.applied(log.db)]
-        assert applied[-2:] == ["m011_facts_fts", "m012_fact_search_context"]
+        assert applied[-3:] == [
+            "m011_facts_fts",
+            "m012_fact_search_context",
+            "m013_facts_fts_per_profile",
+        ]
         assert keyword_ids(log, 1, "cello orchestra") == {1}
         assert keyword_ids(log, 1, "Seattle") == set()  # superseded: not indexed
         hits = Retriever(log, minilm).search(1, "peanuts", k=1, mode="keyword")
         assert hits[0].fact.id == 2
         log.forget_fact(2, cause="asked to")  # the triggers work on an upgraded file
         assert keyword_ids(log, 1, "peanuts allergic") == set()
-        log.db.execute("INSERT INTO facts_fts (facts_fts) VALUES ('integrity-check')")
+        integrity_check(log, 1)
 
 
 def test_forgotten_and_edited_facts_never_come_back(log, minilm):
@@ -268,7 +321,7 @@ def test_a_fact_is_found_by_its_date_and_the_turns_before_it(log):
     # forgetting blanks the context with the text
     log.forget_fact(answer, cause="asked to")
     assert context_of(log, answer) == "" and keyword_ids(log, p, "May") == set()
-    log.db.execute("INSERT INTO facts_fts (facts_fts) VALUES ('integrity-check')")
+    integrity_check(log, p)
 
 
 def test_an_m011_database_gets_the_search_context_of_its_facts(tmp_path):
@@ -298,7 +351,7 @@ def test_an_m011_database_gets_the_search_context_of_its_facts(tmp_path):
         assert context_of(log, 1) == "February 29 2024\nBen: Do you still paint?"
         assert keyword_ids(log, 1, "painting") == {1}  # porter: paint ~ painting
         assert keyword_ids(log, 1, "February") == {1}
-        log.db.execute("INSERT INTO facts_fts (facts_fts) VALUES ('integrity-check')")
+        integrity_check(log, 1)
 
 
 def test_a_question_naming_a_person_prefers_what_that_person_said(log, minilm):
