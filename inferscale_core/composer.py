@@ -16,6 +16,7 @@ ids, a request whose KV cannot be injected is exactly prompt injection when full
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
@@ -27,6 +28,7 @@ KV_PARAMS_KEY = "inferscale"
 KV_PARAMS_VERSION = 1
 FACT_IDS_CACHE = 1 << 16  # fact lines whose token ids a layout remembers
 SUFFIX_IDS_CACHE = 256  # (question, history) suffixes a layout remembers (turns in flight)
+SUFFIX_IDS_BUDGET = 1 << 20  # token ids they hold together (4 MiB as int32), oldest go first
 
 
 class Tokenizer(Protocol):
@@ -149,8 +151,9 @@ class ChatLayout:
     def __init__(self, tokenizer: Tokenizer, system_prompt: str) -> None:
         self.tokenizer = tokenizer
         self._fact_ids: dict[str, tuple[int, ...]] = {}  # line -> its ids (fact_ids)
-        # (question, history) -> the suffix's ids (suffix_ids)
-        self._suffix_ids: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, ...]] = {}
+        # digest of (question, history) -> the suffix's ids (suffix_ids), least recent first
+        self._suffix_ids: dict[bytes, array[int]] = {}
+        self._suffix_tokens = 0  # the ids held in _suffix_ids
         self.system_prompt = system_prompt.strip()
         prefix_text, _ = self._split(question="?")
         self.prefix_ids: list[int] = tokenizer.encode(prefix_text, add_special_tokens=False)
@@ -182,20 +185,37 @@ class ChatLayout:
                 " the prefix/memory/suffix split would not match the real prompt"
             )
 
-    def suffix_ids(self, question: str, history: Sequence[tuple[str, str]] = ()) -> list[int]:
+    def suffix_ids(
+        self,
+        question: str,
+        history: Sequence[tuple[str, str]] = (),
+        fits: int = SUFFIX_IDS_BUDGET // 8,
+    ) -> list[int]:
         """End of the system turn, recent turns, the user's question, the assistant header.
+
         Remembered: a turn asks for the same suffix up to three times (its budget with and
         without history, then the layout), each a chat-template render and a tokenizer call
-        (0.22 ms apiece for SmolLM2 on the CPU, a third of preparing a k=50 turn)."""
-        key = (question, tuple(history))
-        ids = self._suffix_ids.get(key)
+        (0.22 ms apiece for SmolLM2 on the CPU, a third of preparing a k=50 turn). Only a
+        suffix of at most ``fits`` tokens is (the caller's room: a turn refused as too long
+        leaves nothing behind), keyed by a digest of its text (not the text), the least
+        recently used going first past :data:`SUFFIX_IDS_CACHE` suffixes or
+        :data:`SUFFIX_IDS_BUDGET` ids: a client sending long questions cannot make the
+        server keep more (issue 35: 11 MB per refused question, up to 2.8 GB, before).
+        """
+        key = hashlib.blake2b(repr((question, tuple(history))).encode(), digest_size=16).digest()
+        ids = self._suffix_ids.pop(key, None)
         if ids is None:
-            if len(self._suffix_ids) >= SUFFIX_IDS_CACHE:
-                self._suffix_ids.clear()
             _, suffix = self._split(question, history)
-            ids = tuple(self.tokenizer.encode(suffix, add_special_tokens=False))
-            self._suffix_ids[key] = ids
-        return list(ids)
+            ids = array("i", self.tokenizer.encode(suffix, add_special_tokens=False))
+            if len(ids) > min(fits, SUFFIX_IDS_BUDGET // 8):
+                return ids.tolist()
+            self._suffix_tokens += len(ids)
+        while self._suffix_ids and (
+            len(self._suffix_ids) >= SUFFIX_IDS_CACHE or self._suffix_tokens > SUFFIX_IDS_BUDGET
+        ):
+            self._suffix_tokens -= len(self._suffix_ids.pop(next(iter(self._suffix_ids))))
+        self._suffix_ids[key] = ids  # the most recent last
+        return ids.tolist()
 
     def fact_ids(self, line: str) -> list[int]:
         """Token ids of one fact line, tokenized alone (as stored with its KV). Remembered:

@@ -61,16 +61,17 @@ def fit_turn(
         raise EmptyTurn()
     limit = context - reply_tokens
     prefix = len(layout.prefix_ids)
-    alone = prefix + len(layout.suffix_ids(question))
+    # a suffix over the room is not remembered (a refused turn leaves nothing in the layout)
+    alone = prefix + len(layout.suffix_ids(question, fits=limit - prefix))
     if alone > limit:
         own = len(layout.tokenizer.encode(question, add_special_tokens=False))
         raise PromptTooLong(own, max(0, limit - (alone - own)))
     kept = _within(layout, list(history), history_tokens)
     memories = sum(memory_tokens)
-    suffix = len(layout.suffix_ids(question, kept))
+    suffix = len(layout.suffix_ids(question, kept, fits=limit - prefix))
     while kept and prefix + memories + suffix > limit:
         kept = kept[1:]  # the oldest turn first
-        suffix = len(layout.suffix_ids(question, kept))
+        suffix = len(layout.suffix_ids(question, kept, fits=limit - prefix))
     room, used, count = limit - prefix - suffix, 0, 0
     for tokens in memory_tokens:
         if used + tokens > room:

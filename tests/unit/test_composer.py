@@ -6,6 +6,7 @@ from datetime import date
 
 import pytest
 
+from inferscale_core import composer
 from inferscale_core.composer import ChatLayout, TemplateError, entry_key, fact_line
 
 
@@ -76,6 +77,23 @@ class _DropsSystem:
 
     def encode(self, text, add_special_tokens=False):
         return [ord(c) for c in text]
+
+
+def test_remembered_suffixes_are_bounded_in_token_ids(tokenizer):
+    """The suffix cache holds at most SUFFIX_IDS_BUDGET ids together, whatever the turns'
+    lengths (it was 256 entries of any length: ~2.8 GB of over-long questions, issue 35)."""
+    layout = ChatLayout(tokenizer, "You are kind.")
+    budget = composer.SUFFIX_IDS_BUDGET
+    long = "word " * (budget // 10)  # about a tenth of the budget in tokens
+    for i in range(12):
+        ids = layout.suffix_ids(f"{i} {long}")
+        assert budget // 11 < len(ids) and ids == layout.suffix_ids(f"{i} {long}")  # remembered
+        held = sum(len(v) for v in layout._suffix_ids.values())
+        assert held <= budget
+    assert 1 < len(layout._suffix_ids) < 12
+    huge = layout.suffix_ids("word " * (budget // 4))  # past what one entry may take
+    assert len(huge) > budget // 4 and sum(len(v) for v in layout._suffix_ids.values()) <= budget
+    assert layout.suffix_ids("Q?") == layout.suffix_ids("Q?", ())  # short ones as before
 
 
 def test_template_that_drops_the_system_prompt_is_refused():

@@ -51,6 +51,18 @@ def test_the_history_has_its_own_token_budget(layout):
     assert fit.dropped_turns == 5 and "5 older turns" in fit.describe()
 
 
+def test_a_refused_turn_leaves_nothing_in_the_layout(layout):
+    """Issue 35: each distinct over-long question left its suffix's ids (11 MB for 941k
+    tokens) in the layout's cache; a refused turn must cost nothing once answered."""
+    fit_turn(layout, "Hi?", HISTORY, [30], context=8192, reply_tokens=512)  # remembered
+    held = dict(layout._suffix_ids)
+    for i in range(3):
+        question = f"{i} " + "word " * 9000
+        with pytest.raises(PromptTooLong):
+            fit_turn(layout, question, HISTORY, [30], context=8192, reply_tokens=512)
+    assert layout._suffix_ids == held
+
+
 def test_a_turn_too_long_by_itself_is_refused_with_its_length(layout):
     text = "word " * 9000
     with pytest.raises(PromptTooLong) as refused:
