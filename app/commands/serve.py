@@ -40,8 +40,12 @@ def run_users(args: argparse.Namespace, console: Console) -> int:
         elif args.action == "token":
             token = users.new_token(args.name)
         elif args.action == "remove":
-            users.remove(args.name)
-            console.print(f"removed {escape(args.name)}: their token no longer works")
+            archive = users.remove(args.name)
+            console.print(
+                f"removed {escape(args.name)}: their token no longer works; their memory is"
+                f" archived (fact-log profile {escape(archive)}); a new user of this name"
+                " starts empty"
+            )
             return 0
         else:
             rows = users.names()

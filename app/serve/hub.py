@@ -80,15 +80,15 @@ class Hub:
         # here, not at a user's first request.
         FactLog.open(self.db_path).close()
         self.embedder = embedder or SentenceTransformerEmbedder()
-        self._desks: dict[str, Desk] = {}
+        self._desks: dict[str, Desk] = {}  # user id -> desk
         self._lock = threading.Lock()
 
     def desk(self, user: User) -> Desk:
         """``user``'s desk (opened, with its memory worker started, on first use)."""
         with self._lock:
-            desk = self._desks.get(user.name)
-            if desk is None:
-                desk = self._desks[user.name] = self._open(user)
+            desk = self._desks.get(user.id)  # by id: a new user of a removed one's name
+            if desk is None:  # gets a desk (and memory) of their own
+                desk = self._desks[user.id] = self._open(user)
             return desk
 
     def _open(self, user: User) -> Desk:

@@ -5,10 +5,16 @@ it is made (``inferscale-assistant users add NAME``); the file keeps its SHA-256
 is 256 random bits, so a plain hash is as strong as a slow one). Each user also has a random
 ``secret`` that never leaves the server: it scopes the user's prefix-cache blocks in vLLM
 (the cache salt) so that no block is ever shared between two users.
+
+A user is an id, not a name: ``add`` gives each user a random ``id``, and their memory is the
+fact-log profile ``user:<id>``. Removing a user archives their memory (it stays in the fact
+log under that id, which no token reaches); a new user of the same name gets a new id and
+starts empty. Users made before ids existed keep ``id = name`` (their profile ``user:<name>``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
@@ -35,11 +41,16 @@ class UserError(ValueError):
 class User:
     name: str
     secret: str  # in this user's cache salts (never sent anywhere)
+    id: str  # who the user is: random, never reused (a name is, after `users remove`)
 
     @property
     def profile(self) -> str:
         """The user's profile in the server's fact log."""
-        return f"user:{self.name}"
+        return profile_of(self.id)
+
+
+def profile_of(user_id: str) -> str:
+    return f"user:{user_id}"
 
 
 def _digest(token: str) -> str:
@@ -57,10 +68,16 @@ class Users:
         self.path = path
         # Made on the main thread, used on the server's event loop (one thread at a time).
         self.db = Database(sqlite3.connect(path, check_same_thread=False))
-        self.db.execute(
-            "CREATE TABLE IF NOT EXISTS users (name TEXT PRIMARY KEY, token_sha256 TEXT NOT NULL"
-            " UNIQUE, secret TEXT NOT NULL, created_at TEXT NOT NULL)"
-        )
+        with self.db.conn:
+            self.db.execute(
+                "CREATE TABLE IF NOT EXISTS users (name TEXT PRIMARY KEY, token_sha256 TEXT"
+                " NOT NULL UNIQUE, secret TEXT NOT NULL, created_at TEXT NOT NULL, id TEXT)"
+            )
+            if "id" not in self.db["users"].columns_dict:  # a users.db from before ids
+                with contextlib.suppress(sqlite3.OperationalError):  # another process did it
+                    self.db.execute("ALTER TABLE users ADD COLUMN id TEXT")
+            self.db.execute("UPDATE users SET id = name WHERE id IS NULL")  # kept their memory
+            self.db.execute("CREATE UNIQUE INDEX IF NOT EXISTS users_id ON users (id)")
 
     def close(self) -> None:
         self.db.close()
@@ -77,8 +94,15 @@ class Users:
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         with self.db.conn:
             self.db.execute(
-                "INSERT INTO users VALUES (?, ?, ?, ?)",
-                (name, _digest(token), secrets.token_hex(16), datetime.now(UTC).isoformat()),
+                "INSERT INTO users (name, token_sha256, secret, created_at, id)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (
+                    name,
+                    _digest(token),
+                    secrets.token_hex(16),
+                    datetime.now(UTC).isoformat(),
+                    secrets.token_hex(16),
+                ),
             )
         return token
 
@@ -93,12 +117,15 @@ class Users:
             )
         return token
 
-    def remove(self, name: str) -> None:
-        """Revoke ``name``'s access (the memory stays in the fact log, under its profile)."""
-        if self._row(name) is None:
+    def remove(self, name: str) -> str:
+        """Revoke ``name``'s access; return the fact-log profile their memory is archived
+        under (``user:<id>``: kept, reached by no token, never given to a new user)."""
+        row = self.db.execute("SELECT id FROM users WHERE name = ?", (name,)).fetchone()
+        if row is None:
             raise UserError(f"no user {name!r}")
         with self.db.conn:
             self.db.execute("DELETE FROM users WHERE name = ?", (name,))
+        return profile_of(row[0])
 
     def names(self) -> list[tuple[str, str]]:
         """``(name, created_at)`` of every user, by name."""
@@ -111,11 +138,11 @@ class Users:
             return None
         digest = _digest(token)
         row = self.db.execute(
-            "SELECT name, token_sha256, secret FROM users WHERE token_sha256 = ?", (digest,)
+            "SELECT name, token_sha256, secret, id FROM users WHERE token_sha256 = ?", (digest,)
         ).fetchone()
         if row is None or not hmac.compare_digest(row[1], digest):
             return None
-        return User(row[0], row[2])
+        return User(row[0], row[2], row[3])
 
     def _row(self, name: str) -> tuple[str, ...] | None:
         return self.db.execute("SELECT name FROM users WHERE name = ?", (name,)).fetchone()

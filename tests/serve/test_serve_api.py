@@ -159,13 +159,15 @@ def test_a_client_cannot_name_kv_or_salt(server, memories):
 
 
 def sqlite_keys(server, user: str) -> list[str]:
+    with sqlite3.connect(server.data / "users.db") as users:  # the user's id: their profile
+        (user_id,) = users.execute("SELECT id FROM users WHERE name = ?", (user,)).fetchone()
     with sqlite3.connect(server.data / "memory.db") as db:
         return [
             row[0]
             for row in db.execute(
                 "SELECT k.location FROM kv_entries k JOIN facts f ON f.id = k.fact_id"
                 " JOIN profiles p ON p.id = f.profile_id WHERE p.name = ?",
-                (f"user:{user}",),
+                (f"user:{user_id}",),
             )
         ]
 
