@@ -13,6 +13,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from app.serve.edge import MISSING_TOKEN
 from app.serve.hub import Desk
 from app.serve.users import User
 
@@ -30,18 +31,11 @@ def not_found(what: str) -> ApiError:
 
 
 async def current_user(request: Request) -> User:
-    """The user whose token the request carries (401 otherwise)."""
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise ApiError(
-            401,
-            "missing API token: send 'Authorization: Bearer <token>' (the server's admin"
-            " makes one with `inferscale-assistant users add NAME`)",
-            "authentication_error",
-        )
-    user = request.app.state.users.authenticate(token.strip())
-    if user is None:
-        raise ApiError(401, "invalid API token", "authentication_error")
+    """The user the edge found the request's token to be (``edge.py``: a request without a
+    valid one gets its 401 there, before its body is read)."""
+    user = request.scope.get("user")
+    if user is None:  # a route reached without the edge in front: refuse, never guess
+        raise ApiError(401, MISSING_TOKEN, "authentication_error")
     return user
 
 

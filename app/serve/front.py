@@ -2,11 +2,12 @@
 
 Every user belongs to one API process (:func:`owner`, a hash of the name), which holds their
 desk: the memory thread that is the only writer of their memory, their retriever's index, their
-memory worker. The front reads the request's token, finds the user (``users.db``, as the API
-processes do; cached) and passes the request on, body and response streamed, over that
-process's Unix socket; the API process authenticates it again and answers, so a token the
-front cannot place (missing, wrong, revoked) goes to process 0 for its 401. A client that goes
-away mid-stream closes the front's connection to the API process, which aborts the request.
+memory worker. The front sits behind the same :class:`~app.serve.edge.Edge` as each API
+process: a request without a valid token gets its 401 there, and one over its size limit its
+413, before its body is read. Then it goes on over its user's process's Unix socket, which
+checks it again and answers: a body up to :data:`BUFFERED_BYTES` whole, a larger one (an
+import) streamed as it arrives, the response streamed back. A client that goes away
+mid-stream closes the front's connection to the API process, which aborts the request.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import asyncio
 import contextlib
 import logging
 import zlib
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from app.serve.edge import refuse
 from app.serve.users import Users
 
 log = logging.getLogger(__name__)
@@ -35,8 +37,8 @@ HOP_BY_HOP = {
     b"transfer-encoding",
     b"upgrade",
 }
-ROUTES_CACHED = 4096  # tokens whose user the front remembers
 UPSTREAM_CONNECTIONS = 512  # open to each API process at most (streams in flight)
+BUFFERED_BYTES = 1 << 20  # bodies up to this size go on whole; larger ones (imports) streamed
 
 
 def owner(name: str, count: int) -> int:
@@ -48,49 +50,25 @@ class Front:
     """An ASGI app that forwards each request to the API process of its user."""
 
     def __init__(self, users_db: Path, sockets: Sequence[Path]) -> None:
-        self.users = Users(users_db)
+        self.users = Users(users_db)  # for the edge in front of this app (launch.py)
         self.sockets = list(sockets)
-        self._routes: dict[str, int] = {}  # token -> API process
-        self._clients: list[httpx.AsyncClient] = []
+        self._clients: list[httpx.AsyncClient] = []  # kept-alive connections
+        self._uploads: list[httpx.AsyncClient] = []  # a fresh connection per streamed body
 
-    def route(self, headers: dict[bytes, bytes]) -> int:
-        """The API process for a request with these headers (0 when no user is found)."""
-        scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
-            return 0
-        index = self._routes.get(token)
-        if index is None:
-            user = self.users.authenticate(token)
-            if user is None:  # not cached: a token made later must still reach its user
-                return 0
-            if len(self._routes) >= ROUTES_CACHED:
-                self._routes.clear()
-            index = self._routes[token] = owner(user.name, len(self.sockets))
-        return index
+    def route(self, scope: dict[str, Any]) -> int:
+        """The API process for a request: its user's (the edge put the user in the scope);
+        0 for the paths that need no token."""
+        user = scope.get("user")
+        return 0 if user is None else owner(user.name, len(self.sockets))
 
-    def _client(self, index: int) -> httpx.AsyncClient:
+    def _client(self, index: int, streamed: bool) -> httpx.AsyncClient:
         if not self._clients:  # made on the server's event loop, their connections too
-            self._clients = [
-                httpx.AsyncClient(
-                    transport=httpx.AsyncHTTPTransport(uds=str(path)),
-                    base_url="http://inferscale-api",
-                    timeout=httpx.Timeout(None),
-                    # Bounded: a Unix socket refuses connects beyond its accept backlog
-                    # (EAGAIN), seen as 503s when 6,000 requests came at once; beyond
-                    # the bound, requests wait for a connection instead.
-                    limits=httpx.Limits(
-                        max_connections=UPSTREAM_CONNECTIONS,
-                        max_keepalive_connections=UPSTREAM_CONNECTIONS,
-                        keepalive_expiry=5.0,
-                    ),
-                )
-                for path in self.sockets
-            ]
-        return self._clients[index]
+            self._clients = [_upstream(path, UPSTREAM_CONNECTIONS) for path in self.sockets]
+            self._uploads = [_upstream(path, 0) for path in self.sockets]
+        return (self._uploads if streamed else self._clients)[index]
 
     async def close(self) -> None:
-        for client in self._clients:
+        for client in self._clients + self._uploads:
             await client.aclose()
         self.users.close()
 
@@ -100,24 +78,32 @@ class Front:
             return
         if scope["type"] != "http":  # no websockets here
             return
-        headers = dict(scope["headers"])
-        index = self.route(headers)
-        client = self._client(index)
+        index = self.route(scope)
         path = scope["raw_path"] or scope["path"].encode()
         if scope["query_string"]:
             path += b"?" + scope["query_string"]
         forwarded = [(k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP]
-        # Read whole (within the server's limits: BodyLimit in front of this app), so that
-        # the connection pool may send it again on a fresh connection when a kept-alive one
-        # turns out closed (a stream, read once, went out empty then: seen on the H200).
-        content = await _read_body(receive)
-        if content is None:  # the client went away first
-            return
+        # A body up to BUFFERED_BYTES is read whole (the edge in front of this app has checked
+        # the token and cuts it at its limit), so that the connection pool may send it again
+        # on a fresh connection when a kept-alive one turns out closed (a stream, read once,
+        # went out empty then: seen on the H200). A larger one, or one of unknown length, is
+        # passed on as it arrives, on a connection of its own: never more than a piece held.
+        streamed = not 0 <= _declared(scope["headers"]) <= BUFFERED_BYTES
+        client = self._client(index, streamed)
+        if streamed:
+            content: bytes | AsyncIterator[bytes] = _body_pieces(receive)
+        else:
+            whole = await _read_body(receive)
+            if whole is None:  # the client went away first
+                return
+            content = whole
         request = client.build_request(
             scope["method"], path.decode("latin-1"), headers=forwarded, content=content
         )
         try:
             response = await client.send(request, stream=True)
+        except _ClientGone:  # mid-body (or cut at its limit by the edge, which answered)
+            return
         except httpx.TransportError as exc:
             log.warning(
                 "%s %s: API process %d: %s: %s",
@@ -127,12 +113,7 @@ class Front:
                 type(exc).__name__,
                 exc,
             )
-            await _plain(
-                send,
-                503,
-                b'{"error": {"message": "the API process is not reachable",'
-                b' "type": "server_error"}}',
-            )
+            await refuse(send, 503, "the API process is not reachable", "server_error")
             return
         try:
             await send(
@@ -157,6 +138,46 @@ class Front:
                 await self.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _upstream(path: Path, keepalive: int) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        transport=httpx.AsyncHTTPTransport(uds=str(path)),
+        base_url="http://inferscale-api",
+        timeout=httpx.Timeout(None),
+        # Bounded: a Unix socket refuses connects beyond its accept backlog (EAGAIN), seen as
+        # 503s when 6,000 requests came at once; beyond the bound, requests wait for one.
+        limits=httpx.Limits(
+            max_connections=UPSTREAM_CONNECTIONS,
+            max_keepalive_connections=keepalive,
+            keepalive_expiry=5.0,
+        ),
+    )
+
+
+class _ClientGone(Exception):
+    pass
+
+
+def _declared(headers: list[tuple[bytes, bytes]]) -> int:
+    """The body's declared length; 0 without a body, -1 for one of unknown length (chunked)."""
+    declared = -1 if any(k.lower() == b"transfer-encoding" for k, _ in headers) else 0
+    for name, value in headers:
+        if name.lower() == b"content-length" and value.strip().isdigit():
+            declared = int(value)
+    return declared
+
+
+async def _body_pieces(receive: Any) -> AsyncIterator[bytes]:
+    """The request's body as it arrives (raises _ClientGone if the client disconnects)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        if message.get("body"):
+            yield message["body"]
+        if not message.get("more_body", False):
+            return
 
 
 async def _read_body(receive: Any) -> bytes | None:
@@ -194,14 +215,3 @@ async def _stream(response: httpx.Response, receive: Any, send: Any) -> None:
             await forwarding
     if forwarding.done() and not forwarding.cancelled() and forwarding.exception():
         raise forwarding.exception()  # type: ignore[misc]
-
-
-async def _plain(send: Any, status: int, body: bytes) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json")],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})

@@ -128,8 +128,9 @@ def _serve_group(
 
     import uvicorn
 
+    from app.serve.edge import Edge
     from app.serve.front import Front
-    from app.serve.server import KEEP_ALIVE_S, MAX_BODY_BYTES, MAX_IMPORT_BYTES, BodyLimit
+    from app.serve.server import KEEP_ALIVE_S, MAX_BODY_BYTES, MAX_IMPORT_BYTES
     from inferscale_core import wiring
     from inferscale_core.factlog import FactLog
     from inferscale_core.vllm_plugin.engine_group import EngineGroup
@@ -161,9 +162,10 @@ def _serve_group(
     try:
         name = _wait_ready(sockets, stopped)
         front = Front(recipe.users_db, sockets)
+        # The API processes' own edge: the token, then the size, before a body is read.
+        edge = Edge(front, front.users.authenticate, MAX_BODY_BYTES, MAX_IMPORT_BYTES)  # type: ignore[arg-type]
         config = uvicorn.Config(
-            # The API processes' own limits, before the front reads a body whole.
-            BodyLimit(front, MAX_BODY_BYTES, MAX_IMPORT_BYTES),  # type: ignore[arg-type]
+            edge,
             host=host,
             port=port,
             log_level="info" if recipe.verbose else "warning",

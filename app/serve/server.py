@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.serve import memory_routes
 from app.serve.deps import ApiError, DeskDep, UserDep
+from app.serve.edge import Edge
 from app.serve.hub import Desk, Hub
 from app.serve.protocol import (
     ChatRequest,
@@ -56,62 +56,6 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 1 << 20  # a chat request (1 MiB holds a long conversation)
 MAX_IMPORT_BYTES = 256 << 20  # an export file
 OPENING_THREADS = 8  # users' desks opened at once (each loads its index); replies need none
-
-
-class _TooLarge(Exception):
-    pass
-
-
-class BodyLimit:
-    """ASGI middleware: a body over the limit (declared or streamed) gets 413 before any
-    handler reads it whole."""
-
-    def __init__(self, app: ASGIApp, limit: int, import_limit: int) -> None:
-        self.app, self.limit, self.import_limit = app, limit, import_limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        limit = self.import_limit if scope["path"].endswith("/import") else self.limit
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            await _too_large(send, limit)
-            return
-        received = 0
-        started = False
-
-        async def limited() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    raise _TooLarge
-            return message
-
-        async def watched(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, limited, watched)
-        except _TooLarge:
-            if not started:
-                await _too_large(send, limit)
-
-
-async def _too_large(send: Send, limit: int) -> None:
-    body = json.dumps(error(f"the request body is over the limit of {limit:,} bytes")).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [(b"content-type", b"application/json")],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -139,7 +83,10 @@ def create_app(
     """The server's ASGI app over ``hub`` (its users' desks and the engine); ``api_process``:
     its number among the server's API processes (``launch.py``), in ``/v1/status``."""
     app = FastAPI(title="InferScale assistant", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(BodyLimit, limit=max_body_bytes, import_limit=max_import_bytes)
+    # Outermost: the token, then the size, before any route reads a body (edge.py).
+    app.add_middleware(
+        Edge, authenticate=users.authenticate, limit=max_body_bytes, import_limit=max_import_bytes
+    )
     pool = ThreadPoolExecutor(OPENING_THREADS, thread_name_prefix="open-desk")
     app.state.users, app.state.hub, app.state.pool = users, hub, pool
     engine: Any = hub.assistant.engine
