@@ -16,6 +16,7 @@ builds its own from it. :func:`serve` runs it:
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 import tempfile
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 900.0  # for every API process to answer /health (engine start included)
+SOCKETS_PREFIX = "serve-"  # + the front's pid: the API processes' sockets (socket_folder)
 
 
 @dataclass(slots=True)
@@ -137,9 +139,7 @@ def _serve_group(
 
     # Created and migrated here, once: N processes opening a new file at once would race.
     FactLog.open(recipe.folder / "memory.db").close()
-    # A Unix socket's path has at most 107 bytes: a short private folder (0700), not the
-    # server's own.
-    run = Path(tempfile.mkdtemp(prefix="inferscale-serve-"))
+    run = socket_folder(recipe.folder)
     sockets = [run / f"api-{i}.sock" for i in range(count)]
     options = wiring.engine_options(
         recipe.config, store_root=recipe.folder / "kv", **recipe.engine_options
@@ -182,6 +182,43 @@ def _serve_group(
         closing.set()
         group.shutdown()
         shutil.rmtree(run, ignore_errors=True)
+
+
+def socket_folder(data: Path) -> Path:
+    """A new private folder (0700) for the API processes' Unix sockets, named after this
+    process: in the user's runtime dir (``$XDG_RUNTIME_DIR``, which the system empties at
+    logout), else in ``<data>/run``, else in the temp dir, the first whose socket paths fit a
+    Unix socket's 107 bytes. Folders there of a server that is gone (killed: its pid is not
+    running) are removed first."""
+    import platformdirs
+
+    runtime = Path(platformdirs.user_runtime_dir("inferscale-assistant", appauthor=False))
+    roots = [runtime] if runtime.parent.is_dir() else []
+    roots += [data / "run", Path(tempfile.gettempdir()) / f"inferscale-{os.getuid()}"]
+    for root in roots:
+        if len(f"{root}/{SOCKETS_PREFIX}{os.getpid()}-xxxxxxxx/api-999.sock") > 107:
+            continue
+        try:
+            root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(root, 0o700)
+        except OSError:  # not ours to write: the next
+            continue
+        for folder in root.glob(f"{SOCKETS_PREFIX}*"):
+            pid = folder.name.removeprefix(SOCKETS_PREFIX).partition("-")[0]
+            if pid.isdigit() and not _running(int(pid)):
+                shutil.rmtree(folder, ignore_errors=True)
+        return Path(tempfile.mkdtemp(prefix=f"{SOCKETS_PREFIX}{os.getpid()}-", dir=root))
+    raise RuntimeError(f"no folder for the API processes' sockets among {roots}")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        pass
+    return True
 
 
 def _wait_ready(sockets: Sequence[Path], stopped: threading.Event) -> str:

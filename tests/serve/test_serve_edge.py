@@ -1,6 +1,7 @@
 """The edge every request passes before a route (app/serve/edge.py), in ``serve`` and in
 ``serve --api-processes 2`` (the front and its API processes): the token first, from the
-headers alone, then the body's size for its route; one ``Authorization`` header."""
+headers alone, then the body's size for its route; one ``Authorization`` header; the API
+processes' socket folder in the runtime dir, a killed server's removed at the next start."""
 
 from __future__ import annotations
 
@@ -185,3 +186,16 @@ def test_an_import_of_unknown_length_streams_through(edge):
     assert r.status_code == 200, r.text
     assert r.json()["status"] == "imported" and r.json()["turns_added"] > 0
 
+
+def test_a_killed_servers_socket_folder_is_removed_at_the_next_start(edge):
+    if edge.api_processes == 1:
+        pytest.skip("one process: no Unix sockets")
+    root = edge.runtime / "inferscale-assistant"
+    [folder] = root.glob("serve-*")
+    assert sorted(p.name for p in folder.iterdir()) == ["api-0.sock", "api-1.sock"]
+    assert folder.stat().st_mode & 0o777 == 0o700 and root.stat().st_mode & 0o777 == 0o700
+    edge.kill9()
+    assert folder.exists()  # nobody left to remove it
+    edge.start()
+    [now] = root.glob("serve-*")
+    assert now != folder and not folder.exists()
