@@ -1,26 +1,44 @@
 """The memory API: a user's facts over HTTP (list, remember, get, forget, search, import,
 export). Every route runs on the user's memory thread (``Desk.run``) and sees the user's
-profile only: another user's fact id is a 404, exactly like an id that does not exist."""
+profile only: another user's fact id is a 404, exactly like an id that does not exist.
+
+What a client sends is checked here, before it reaches SQLite, the tokenizer or a file system:
+an id out of SQLite's range is a 404 like any unknown id, text with a NUL or a lone surrogate
+is a 400 (``protocol.check_text``), and an upload's file name must be one short, plain name.
+Uploads are kept in the user's inbox (imported and quarantined files alike) up to a quota.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import FastAPI, Query, Request, Response
 
 from app.serve.deps import ApiError, DeskDep, not_found
 from app.serve.hub import Desk
-from app.serve.protocol import MemorySearch, NewMemory
+from app.serve.protocol import MemorySearch, NewMemory, Text, check_text
 
 if TYPE_CHECKING:
     from inferscale_core.types import Fact
 
+log = logging.getLogger(__name__)
+
 FORGET_CAUSE = "forgotten through the API"
 ADD_CAUSE = "added through the API"
+MAX_FACT_ID = (1 << 63) - 1  # SQLite's largest integer: a larger id is no fact's
+# What a user's uploads may take in their inbox (imported and quarantined files): past it an
+# upload is refused (413), and nothing kept is deleted to make room.
+INBOX_QUOTA_BYTES = 256 << 20
+# An upload's name, in UTF-8 bytes: with " (n)" and ".reason.txt" added it stays under the
+# 255 bytes a file name may have.
+MAX_NAME_BYTES = 200
+UPLOAD_PREFIX = ".upload-"  # an upload being written; one left from a crash is removed at start
 
 
 def fact_json(fact: Fact) -> dict[str, Any]:
@@ -41,14 +59,17 @@ def _own(desk: Desk, fact_id: int) -> Fact | None:
     return fact
 
 
-def add(app: FastAPI, inbox: Path | None) -> None:
-    """Add the memory routes to ``app`` (``inbox``: where uploads are imported from)."""
+def add(app: FastAPI, inbox: Path | None, quota_bytes: int = INBOX_QUOTA_BYTES) -> None:
+    """Add the memory routes to ``app`` (``inbox``: where uploads are imported from, each
+    user's up to ``quota_bytes``). Unfinished uploads left in ``inbox`` are removed."""
+    if inbox is not None:
+        _sweep_uploads(inbox)
 
     @app.get("/v1/memories")
     async def list_memories(
         desk: DeskDep,
-        q: str = Query("", max_length=1000),
-        limit: int = Query(100, ge=1, le=10_000),
+        q: Annotated[Text, Query(max_length=1000)] = "",
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
     ) -> dict[str, Any]:
         def run() -> list[Fact]:
             return desk.session.factlog.search_facts(desk.session.profile_id, q, limit=limit)
@@ -76,7 +97,7 @@ def add(app: FastAPI, inbox: Path | None) -> None:
 
     @app.get("/v1/memories/{fact_id}")
     async def get_memory(fact_id: int, desk: DeskDep) -> dict[str, Any]:
-        fact = await desk.run(_own, desk, fact_id)
+        fact = await desk.run(_own, desk, fact_id) if 0 < fact_id <= MAX_FACT_ID else None
         if fact is None:
             raise not_found(f"no memory #{fact_id}")
         return fact_json(fact)
@@ -84,7 +105,7 @@ def add(app: FastAPI, inbox: Path | None) -> None:
     @app.delete("/v1/memories/{fact_id}", status_code=204)
     async def forget(fact_id: int, desk: DeskDep) -> Response:
         def run() -> bool:
-            if _own(desk, fact_id) is None:
+            if not 0 < fact_id <= MAX_FACT_ID or _own(desk, fact_id) is None:
                 return False
             desk.session.forget(fact_id, FORGET_CAUSE)
             return True
@@ -113,34 +134,107 @@ def add(app: FastAPI, inbox: Path | None) -> None:
         desk: DeskDep,
         filename: str = Query("export.json", min_length=1, max_length=200),
     ) -> dict[str, Any]:
+        name = upload_name(filename)
+        root = (inbox or Path(tempfile.gettempdir())) / desk.user.name
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit():  # refused before the body is read
+            await desk.run(_check_quota, root, int(declared), quota_bytes)
         data = await request.body()
         if not data:
             raise ApiError(400, "the body is empty: send the export file's bytes")
-        report = await desk.run(_import, desk, data, filename, inbox)
+        report = await desk.run(_import, desk, root, data, name, quota_bytes)
         if report["status"] == "quarantined":
             raise ApiError(422, f"not imported: {report['reason']}")
         return report
 
 
-def _import(desk: Desk, data: bytes, filename: str, inbox: Path | None) -> dict[str, Any]:
+def upload_name(filename: str) -> str:
+    """``filename`` if it can name an upload in the inbox: one plain name (no folder, not
+    hidden, no control character) of at most :data:`MAX_NAME_BYTES`; else a 400 saying why."""
+    if "/" in filename or "\\" in filename or filename in (".", ".."):
+        problem = "is a path: send the file's name only, without folders"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in filename):
+        problem = "has a control character (such as NUL or a newline)"
+    elif filename.startswith("."):
+        problem = "starts with '.' (a hidden file)"
+    else:
+        try:
+            check_text(filename)
+        except ValueError as exc:
+            problem = str(exc)
+        else:
+            if len(filename.encode("utf-8")) <= MAX_NAME_BYTES:
+                return filename
+            problem = f"is longer than {MAX_NAME_BYTES} bytes (UTF-8)"
+    raise ApiError(400, f"filename {problem}")
+
+
+def _sweep_uploads(inbox: Path) -> None:
+    """Remove uploads a stopped server left half written (``<inbox>/<user>/.upload-*``)."""
+    removed = 0
+    for stale in inbox.glob(f"*/{UPLOAD_PREFIX}*"):
+        with contextlib.suppress(FileNotFoundError):  # another API process removed it
+            stale.unlink()
+            removed += 1
+    if removed:
+        log.info("removed %d unfinished upload(s) from the inbox", removed)
+
+
+def _stored_bytes(root: Path) -> int:
+    """The bytes of every file under ``root`` (a user's inbox: uploads, imported/, quarantine/)."""
+    total = 0
+    for folder, _, files in os.walk(root):
+        for file in files:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.lstat(os.path.join(folder, file)).st_size
+    return total
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB"
+
+
+def _check_quota(root: Path, size: int, quota: int) -> None:
+    """A 413 unless an upload of ``size`` bytes fits in the user's inbox quota."""
+    used = _stored_bytes(root)
+    if used + size > quota:
+        raise ApiError(
+            413,
+            f"this upload ({_mib(size)}) does not fit in your inbox's quota: your earlier"
+            f" uploads (imported and quarantined files, which the server keeps) take"
+            f" {_mib(used)} of {_mib(quota)}. Nothing was deleted to make room; the server's"
+            " admin can remove old files from your inbox.",
+        )
+
+
+def _import(desk: Desk, root: Path, data: bytes, name: str, quota: int) -> dict[str, Any]:
     """Write the upload into the user's inbox (mode 0600) and import it like a dropped file:
-    imported files move to ``imported/``, bad ones to ``quarantine/`` with their reason."""
+    imported files move to ``imported/``, bad ones to ``quarantine/`` with their reason. An
+    upload that fails on the way leaves no file behind."""
     from inferscale_core.importers.pipeline import Importer
 
-    root = (inbox or Path(tempfile.gettempdir())) / desk.user.name
+    _check_quota(root, len(data), quota)
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    name = Path(filename).name or "export.json"
-    fd, tmp = tempfile.mkstemp(prefix=".upload-", dir=root)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    path = root / name
-    counter = 1
-    while path.exists():
-        counter += 1
-        path = root / f"{Path(name).stem} ({counter}){Path(name).suffix}"
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(prefix=UPLOAD_PREFIX, dir=root)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        path = root / name
+        counter = 1
+        while path.exists():
+            counter += 1
+            path = root / f"{Path(name).stem} ({counter}){Path(name).suffix}"
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
     session = desk.session
-    report = Importer(session.factlog, session.profile_id, root).import_path(path)
+    try:
+        report = Importer(session.factlog, session.profile_id, root).import_path(path)
+    finally:
+        if path.exists():  # not filed away: the import failed (not the file's fault)
+            path.unlink()
     result = report.files[0]
     if session.worker is not None:
         session.worker.wake()  # extract and encode what arrived
@@ -149,5 +243,17 @@ def _import(desk: Desk, data: bytes, filename: str, inbox: Path | None) -> dict[
         "format": result.format,
         "conversations": result.conversations,
         "turns_added": result.turns_added,
-        "reason": result.reason,
+        "reason": _without_paths(result.reason, path, root, name),
     }
+
+
+def _without_paths(reason: str | None, path: Path, root: Path, name: str) -> str | None:
+    """``reason`` as the client may read it: the file's name instead of its path on the
+    server, and no other server path."""
+    if reason is None:
+        return None
+    for where in {str(path.resolve()), str(path)}:
+        reason = reason.replace(where, name)
+    for where in {str(root.resolve()), str(root)}:
+        reason = reason.replace(where, "the inbox")
+    return reason

@@ -15,11 +15,35 @@ from __future__ import annotations
 import time
 import uuid
 from datetime import date
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 SERVER_ONLY = ("kv_transfer_params", "cache_salt")
+
+
+def check_text(value: str) -> str:
+    """``value``, if it is text the server can store, search and tokenize: no NUL, and no lone
+    surrogate (JSON's ``"\\ud800"`` decodes to one; UTF-8, SQLite and the tokenizer refuse it).
+    Raises ValueError saying which."""
+    if "\x00" in value:
+        raise ValueError("contains a NUL character (\\u0000); send text without it")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            "contains a lone surrogate (such as \\ud800), which is not Unicode text"
+        ) from None
+    return value
+
+
+def _checked(value: Any) -> Any:
+    return check_text(value) if isinstance(value, str) else value
+
+
+# Checked before pydantic's own str checks, which refuse a lone surrogate with a riddle
+# ("unable to parse raw data as a unicode string") where a field has a length limit.
+Text = Annotated[str, BeforeValidator(_checked)]
 
 
 class Strict(BaseModel):
@@ -28,13 +52,25 @@ class Strict(BaseModel):
 
 class TextPart(Strict):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class Message(Strict):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
-    name: str | None = None
+    name: Text | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_content(cls, content: Any) -> Any:
+        """Checked before the union is: its error then names the content, not a branch."""
+        texts = [content] if isinstance(content, str) else []
+        if isinstance(content, list):
+            texts = [p["text"] for p in content if isinstance(p, dict) and "text" in p]
+        for text in texts:
+            if isinstance(text, str):
+                check_text(text)
+        return content
 
     @property
     def text(self) -> str:
@@ -56,7 +92,7 @@ class MemoryOptions(Strict):
 
 
 class ChatRequest(Strict):
-    model: str
+    model: Text
     messages: list[Message] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -67,7 +103,7 @@ class ChatRequest(Strict):
     n: Literal[1] = 1
     # OpenAI's "store": False answers without logging the exchange to the user's memory.
     store: bool = True
-    user: str | None = None  # accepted (OpenAI clients send it); the token decides the user
+    user: Text | None = None  # accepted (OpenAI clients send it); the token decides the user
     memory: MemoryOptions = Field(default_factory=MemoryOptions)
 
     @model_validator(mode="before")
@@ -104,12 +140,12 @@ class ChatRequest(Strict):
 
 
 class NewMemory(Strict):
-    text: str = Field(min_length=1, max_length=4000)
+    text: Text = Field(min_length=1, max_length=4000)
     refers_to: date | None = None  # the date the fact is about
 
 
 class MemorySearch(Strict):
-    query: str = Field(min_length=1, max_length=4000)
+    query: Text = Field(min_length=1, max_length=4000)
     k: int | None = Field(default=None, ge=1, le=200)  # None: the server's k, as a chat uses
 
 
@@ -172,5 +208,7 @@ def chunk(
 
 
 def error(message: str, kind: str = "invalid_request_error", param: str | None = None) -> dict:
-    """OpenAI's error body."""
+    """OpenAI's error body. A message that quotes a client's text stays encodable (a lone
+    surrogate in it is written as ``\\udXXX``)."""
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     return {"error": {"message": message, "type": kind, "param": param, "code": None}}

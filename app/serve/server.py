@@ -62,7 +62,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     first = exc.errors()[0] if exc.errors() else {}
     if first.get("type") in ("json_invalid", "dict_type", "model_attributes_type"):
         return "the request body is not a valid JSON object", None
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    loc = [str(part) for part in first.get("loc", ())]
+    if loc[:1] in (["body"], ["query"], ["path"]):
+        loc = loc[1:]
     where = ".".join(loc) or None
     message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
     if first.get("type") == "extra_forbidden":
@@ -78,10 +80,12 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     max_import_bytes: int = MAX_IMPORT_BYTES,
     inbox: Path | None = None,
+    inbox_quota_bytes: int = memory_routes.INBOX_QUOTA_BYTES,
     api_process: int = 0,
 ) -> FastAPI:
     """The server's ASGI app over ``hub`` (its users' desks and the engine); ``api_process``:
-    its number among the server's API processes (``launch.py``), in ``/v1/status``."""
+    its number among the server's API processes (``launch.py``), in ``/v1/status``;
+    ``inbox_quota_bytes``: what each user's uploads may keep in ``inbox``."""
     app = FastAPI(title="InferScale assistant", docs_url=None, redoc_url=None, openapi_url=None)
     # Outermost: the token, then the size, before any route reads a body (edge.py).
     app.add_middleware(
@@ -153,7 +157,7 @@ def create_app(
             headers={"Cache-Control": "no-store"},
         )
 
-    memory_routes.add(app, inbox)
+    memory_routes.add(app, inbox, inbox_quota_bytes)
     return app
 
 

@@ -1,0 +1,159 @@
+"""What a client sends, checked at the route (issue 35, part B): ids out of SQLite's range, text
+with a NUL or a lone surrogate, upload names that are paths or too long, uploads past the
+inbox's quota, bodies that are not JSON, a client that hangs up on a reply. Each is answered
+with OpenAI's error body and a 4xx, never a 500, and leaves no traceback and no file behind."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from app.serve.memory_routes import INBOX_QUOTA_BYTES
+from tests.serve.conftest import Server
+from tests.serve.test_serve_api import auth, model_name
+
+STALE = ".upload-left-by-a-crash"  # an unfinished upload of a server killed mid-write
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, smollm2_path):
+    srv = Server(tmp_path_factory.mktemp("serve-inputs"))
+    srv.tokens = {name: srv.add_user(name) for name in ("ana", "bo", "cy")}  # type: ignore[attr-defined]
+    left = srv.data / "inbox" / "ana"
+    left.mkdir(parents=True, mode=0o700)
+    (left / STALE).write_bytes(b"x" * 4096)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def openai_error(r: httpx.Response, code: int) -> dict:
+    """The body of ``r``, asserted to be ``code`` with OpenAI's error shape."""
+    assert r.status_code == code, (r.status_code, r.text)
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"] and body["error"]["type"]
+    return body["error"]
+
+
+@pytest.fixture
+def log_start(server) -> int:
+    """Where the server's log stands when the test begins."""
+    return server.log.stat().st_size
+
+
+def no_traceback(server, since: int) -> None:
+    said = server.log.read_bytes()[since:].decode(errors="replace")
+    assert "Traceback" not in said and "Exception in ASGI" not in said, said[-4000:]
+
+
+def uploads_left(server) -> list[str]:
+    return [p.name for p in (server.data / "inbox").rglob(".upload-*")]
+
+
+def raw_json(payload: dict) -> bytes:
+    """``payload`` as JSON with ASCII escapes (``"\\ud800"`` as a client can send it; httpx's
+    own encoder refuses to write a lone surrogate as UTF-8)."""
+    return json.dumps(payload).encode()
+
+
+def test_unfinished_uploads_are_removed_at_start(server):
+    assert not (server.data / "inbox" / "ana" / STALE).exists()
+
+
+@pytest.mark.parametrize("fact_id", ["1" + "0" * 22, str(1 << 63), str((1 << 63) - 1), "-1"])
+def test_an_id_out_of_range_is_an_unknown_id(server, log_start, fact_id):
+    with httpx.Client(headers=auth(server.tokens["ana"]), timeout=30) as api:
+        for method in ("GET", "DELETE"):
+            r = api.request(method, f"{server.base}/memories/{fact_id}")
+            assert openai_error(r, 404)["type"] == "not_found_error"
+            assert r.headers.get("connection") != "close"  # the kept-alive one still serves
+        assert api.get(f"{server.base}/models").status_code == 200
+    no_traceback(server, log_start)
+
+
+BAD_TEXT = {"surrogate": "before \ud800 after", "nul": "before \x00 after"}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_TEXT))
+def test_text_with_a_lone_surrogate_or_nul_is_a_400(server, log_start, kind):
+    text = BAD_TEXT[kind]
+    model = model_name(server)
+    requests = [
+        ("chat/completions", {"model": model, "messages": [{"role": "user", "content": text}]}),
+        (
+            "chat/completions",
+            {
+                "model": model,
+                "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}],
+            },
+        ),
+        ("memories", {"text": text}),
+        ("memories/search", {"query": text}),
+    ]
+    bo = auth(server.tokens["bo"])
+    as_json = {**bo, "Content-Type": "application/json"}
+    for route, payload in requests:
+        r = httpx.post(
+            f"{server.base}/{route}", content=raw_json(payload), headers=as_json, timeout=60
+        )
+        error = openai_error(r, 400)
+        assert error["param"] and ("NUL" in error["message"] or "surrogate" in error["message"])
+    r = httpx.get(f"{server.base}/memories", params={"q": "a\x00b"}, headers=bo)
+    assert openai_error(r, 400)["param"] == "q"
+    r = httpx.get(f"{server.base}/memories/export", headers=bo)
+    assert r.status_code == 200 and r.json()["facts"] == []  # nothing was remembered
+    no_traceback(server, log_start)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["a\x00b.json", "é" * 150 + ".json", "../../x.json", "sub/x.json", "a\\b.json", "..", ".x"],
+)
+def test_an_upload_name_that_is_no_plain_file_name_is_a_400(server, log_start, name):
+    url = f"{server.base}/memories/import"
+    r = httpx.post(url, params={"filename": name}, content=b"{}", headers=auth(server.tokens["cy"]))
+    assert "filename" in openai_error(r, 400)["message"]
+    assert uploads_left(server) == []
+    no_traceback(server, log_start)
+
+
+def test_a_quarantined_upload_says_why_with_its_name_only(server, log_start):
+    url = f"{server.base}/memories/import"
+    r = httpx.post(
+        url,
+        params={"filename": "broken.json"},
+        content=b'[{"mapping": ',
+        headers=auth(server.tokens["cy"]),
+    )
+    message = openai_error(r, 422)["message"]
+    assert "broken.json" in message and str(server.home) not in message, message
+    assert str(server.data) not in message and "/inbox" not in message, message
+    no_traceback(server, log_start)
+
+
+def test_uploads_past_the_inbox_quota_are_refused_and_nothing_kept_is_deleted(server, log_start):
+    """The user's quarantine already holds nearly their quota (a sparse file: no disk used):
+    an upload that does not fit gets a 413 and the old file stays; one that fits is taken."""
+    quarantine = server.data / "inbox" / "bo" / "quarantine"
+    quarantine.mkdir(parents=True, exist_ok=True, mode=0o700)
+    old = quarantine / "old.json"
+    with old.open("wb") as f:
+        f.truncate(INBOX_QUOTA_BYTES - 1000)
+    url = f"{server.base}/memories/import"
+    bo = auth(server.tokens["bo"])
+    try:
+        r = httpx.post(url, params={"filename": "new.json"}, content=b" " * 2000, headers=bo)
+        assert "quota" in openai_error(r, 413)["message"]
+        assert sorted(p.name for p in quarantine.parent.rglob("*") if p.is_file()) == ["old.json"]
+        assert old.stat().st_size == INBOX_QUOTA_BYTES - 1000
+        r = httpx.post(url, params={"filename": "small.json"}, content=b"[1]", headers=bo)
+        assert r.status_code in (200, 422), r.text  # within the quota: taken and read
+    finally:
+        old.unlink()
+    assert uploads_left(server) == []
+    no_traceback(server, log_start)
