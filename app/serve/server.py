@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from app.serve import memory_routes
 from app.serve.deps import ApiError, DeskDep, UserDep
@@ -104,6 +105,23 @@ def create_app(
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
         return JSONResponse(error(message, param=param), 400)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        """Starlette's and FastAPI's own errors (no such route, a method not allowed, a body
+        that is not UTF-8) in OpenAI's body, like ours."""
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}"
+        elif exc.status_code == 400:
+            message = "the request body is not a valid JSON object (UTF-8 text)"
+        else:
+            message = str(exc.detail)
+        return JSONResponse(error(message, kind), exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _server_error(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(error("the server failed this request", "server_error"), 500)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

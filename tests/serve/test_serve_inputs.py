@@ -157,3 +157,53 @@ def test_uploads_past_the_inbox_quota_are_refused_and_nothing_kept_is_deleted(se
         old.unlink()
     assert uploads_left(server) == []
     no_traceback(server, log_start)
+
+
+def test_what_is_not_json_gets_openai_errors(server, log_start):
+    ana = auth(server.tokens["ana"])
+    chat = f"{server.base}/chat/completions"
+    json_type = {"Content-Type": "application/json"}
+    for body in (b'{"model": ', b'{"model": "\xff\xfe"}', b"[" * 50_000 + b"]" * 50_000, b"[]"):
+        openai_error(httpx.post(chat, content=body, headers={**ana, **json_type}), 400)
+    openai_error(
+        httpx.post(chat, content=b"{}", headers={**ana, "Content-Type": "text/plain"}), 400
+    )
+    assert openai_error(httpx.get(f"{server.base}/nothing", headers=ana), 404)["type"] == (
+        "not_found_error"
+    )
+    openai_error(httpx.post(f"{server.base}/models", headers=ana), 405)
+    openai_error(httpx.get(f"{server.base}/memories/abc", headers=ana), 400)
+    no_traceback(server, log_start)
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory: pytest.TempPathFactory, smollm2_path):
+    """``serve --api-processes 2``: ana's requests go to process 0, bo's to process 1."""
+    srv = Server(tmp_path_factory.mktemp("serve-inputs-group"), api_processes=2)
+    srv.tokens = {name: srv.add_user(name) for name in ("ana", "bo")}  # type: ignore[attr-defined]
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_the_same_errors_behind_the_front(group):
+    since = group.log.stat().st_size
+    model = model_name(group)
+    chat = f"{group.base}/chat/completions"
+    for user in ("ana", "bo"):
+        token = auth(group.tokens[user])
+        as_json = {**token, "Content-Type": "application/json"}
+        openai_error(httpx.get(f"{group.base}/memories/{'1' + '0' * 22}", headers=token), 404)
+        openai_error(httpx.post(chat, content=b'{"model": "\xff"}', headers=as_json), 400)
+        openai_error(httpx.post(chat, content=b'{"model": ', headers=as_json), 400)
+        surrogate = {"model": model, "messages": [{"role": "user", "content": "\ud800"}]}
+        openai_error(httpx.post(chat, content=raw_json(surrogate), headers=as_json), 400)
+        url = f"{group.base}/memories/import"
+        r = httpx.post(url, params={"filename": "a\x00b.json"}, content=b"{}", headers=token)
+        openai_error(r, 400)
+        openai_error(httpx.get(f"{group.base}/nothing", headers=token), 404)
+        openai_error(httpx.post(chat, content=b"x" * (2 << 20), headers=as_json), 413)
+    assert [p.name for p in (group.data / "inbox").rglob(".upload-*")] == []
+    no_traceback(group, since)
