@@ -25,12 +25,12 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from inferscale_core.session import PreparedTurn, Reply
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MAX_BODY_BYTES = 1 << 20  # a chat request (1 MiB holds a long conversation)
 MAX_IMPORT_BYTES = 256 << 20  # an export file
@@ -146,7 +147,7 @@ def create_app(
         }
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatRequest, desk: DeskDep) -> Any:
+    async def chat(body: ChatRequest, desk: DeskDep, request: Request) -> Any:
         if body.model != model_name:
             raise ApiError(
                 404,
@@ -160,7 +161,9 @@ def create_app(
         turn = await desk.run(_prepare, desk, body, question, history)
         ident = completion_id()
         if not body.stream:
-            reply = await _answer(desk, turn)
+            reply = await _while_connected(request, _answer(desk, turn))
+            if reply is None:  # the client hung up: its engine request was aborted
+                return Response(status_code=499)
             return completion(
                 ident,
                 model_name,
@@ -266,6 +269,26 @@ async def _answer(desk: Desk, turn: PreparedTurn, on_delta: Any = None) -> Reply
     finally:
         finishing = asyncio.wrap_future(desk.submit(desk.session.finish, turn))
     return await finishing
+
+
+async def _while_connected(request: Request, work: Awaitable[T]) -> T | None:
+    """What ``work`` returns, or None if the client hangs up first: then ``work`` is
+    cancelled (a reply's engine request aborted, as a stream's is when its client goes)."""
+    task = asyncio.ensure_future(work)
+
+    async def gone() -> None:  # the body is read: what comes next can only be a disconnect
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        task.cancel()  # a no-op once it is done
+    with contextlib.suppress(asyncio.CancelledError):
+        return await task
+    return None
 
 
 async def _events(
