@@ -15,8 +15,9 @@ retrieval only; nothing a client sends names them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from inferscale_core import wiring
     from inferscale_core.config import AppConfig
     from inferscale_core.embedder import Embedder
-    from inferscale_core.session import Session
+    from inferscale_core.session import PreparedTurn, Reply, Session
 
 T = TypeVar("T")
 API = "api"  # title, source and source id of the conversation a user's requests are logged in
@@ -38,6 +39,11 @@ class Desk:
 
     def __init__(self, user: User, open_session: Callable[[], Session]) -> None:
         self.user = user
+        # The user's own engine requests, for their /v1/status (on the server's event loop):
+        # in flight now, and aborted before their end (the client went away, or the reply
+        # was cut off as looping), as the engine counts aborts for all users.
+        self.in_engine = 0
+        self.aborted = 0
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"memory-{user.name}")
         # Opened on the thread that will own its fact log connection.
         self.session: Session = self.call(open_session)
@@ -54,6 +60,21 @@ class Desk:
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """:meth:`call` for a coroutine (the server's handlers)."""
         return await asyncio.wrap_future(self._thread.submit(fn, *args))
+
+    async def agenerate(self, turn: PreparedTurn) -> AsyncIterator[tuple[str, Reply]]:
+        """``session.agenerate(turn)``, counted in :attr:`in_engine` and :attr:`aborted`."""
+        self.in_engine += 1
+        try:
+            async with contextlib.aclosing(self.session.agenerate(turn)) as replies:
+                async for item in replies:
+                    yield item
+            if turn.reply.stopped is not None:  # cut off (a loop): its request aborted
+                self.aborted += 1
+        except (asyncio.CancelledError, GeneratorExit):
+            self.aborted += 1  # its client went away: the engine's request is aborted
+            raise
+        finally:
+            self.in_engine -= 1
 
     def close(self) -> None:
         self._thread.submit(self.session.close).result()

@@ -11,7 +11,7 @@ Routes (every one but ``/health`` needs ``Authorization: Bearer <token>``)::
     POST   /v1/memories/search             {"query", "k"}: what a question would retrieve
     POST   /v1/memories/import?filename=   an export file as the body (ChatGPT, Claude, ...)
     GET    /v1/memories/export             every active fact, as JSON
-    GET    /v1/status                      the engine's requests in flight
+    GET    /v1/status                      the caller's requests in flight, memory counts
     GET    /health                         200 once the engine answers
 
 Errors use OpenAI's body (``{"error": {"message", "type", ...}}``): 400 malformed JSON or an
@@ -95,7 +95,6 @@ def create_app(
     )
     pool = ThreadPoolExecutor(OPENING_THREADS, thread_name_prefix="open-desk")
     app.state.users, app.state.hub, app.state.pool = users, hub, pool
-    engine: Any = hub.assistant.engine
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -135,14 +134,13 @@ def create_app(
 
     @app.get("/v1/status")
     async def status(desk: DeskDep) -> dict[str, Any]:
-        """The engine's requests in flight (those of this API process), and the caller's
-        memory: facts, and how many still wait to be encoded."""
-        in_engine = engine.unfinished_requests()  # on the engine's loop: read directly
+        """The caller's own: requests in the engine, those their clients stopped, and
+        memory (facts, and how many still wait to be encoded). Nothing of other users'."""
         facts, waiting = await desk.run(_memory_counts, desk)
         return {
             "api_process": api_process,
-            "requests_in_engine": in_engine,
-            "aborted_by_clients": engine.aborted,
+            "requests_in_engine": desk.in_engine,  # the desk's counts: on this loop
+            "aborted_by_clients": desk.aborted,
             "memory": {"facts": facts, "not_encoded": waiting},
         }
 
@@ -261,7 +259,7 @@ async def _answer(desk: Desk, turn: PreparedTurn, on_delta: Any = None) -> Reply
     logged all the same."""
     first = True
     try:
-        async with contextlib.aclosing(desk.session.agenerate(turn)) as replies:
+        async with contextlib.aclosing(desk.agenerate(turn)) as replies:
             async for delta, _ in replies:
                 if (delta or first) and on_delta is not None:
                     await on_delta(delta)
