@@ -22,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from app.serve.ids import FactIds
 from app.serve.users import User
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ class Desk:
         # was cut off as looping), as the engine counts aborts for all users.
         self.in_engine = 0
         self.aborted = 0
+        self.ids = FactIds(user.secret)  # the user's memory ids in the API
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"memory-{user.name}")
         # Opened on the thread that will own its fact log connection.
         self.session: Session = self.call(open_session)

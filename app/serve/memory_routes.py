@@ -41,9 +41,9 @@ MAX_NAME_BYTES = 200
 UPLOAD_PREFIX = ".upload-"  # an upload being written; one left from a crash is removed at start
 
 
-def fact_json(fact: Fact) -> dict[str, Any]:
+def fact_json(fact: Fact, desk: Desk) -> dict[str, Any]:
     return {
-        "id": fact.id,
+        "id": desk.ids.public(fact.id),  # the user's own id of it (ids.py), not the log's
         "text": fact.text,
         "refers_to": fact.refers_to.isoformat() if fact.refers_to else None,
         "created_at": fact.created_at.isoformat(),
@@ -51,8 +51,12 @@ def fact_json(fact: Fact) -> dict[str, Any]:
     }
 
 
-def _own(desk: Desk, fact_id: int) -> Fact | None:
-    """The user's active fact ``fact_id``, or None (another user's is None too)."""
+def _own(desk: Desk, public_id: int) -> Fact | None:
+    """The user's active fact of the API's id ``public_id``, or None (another user's is None
+    too: their ids map to other facts, or to none)."""
+    fact_id = desk.ids.private(public_id)
+    if fact_id is None:
+        return None
     fact = desk.session.factlog.get_fact(fact_id)
     if fact is None or fact.profile_id != desk.session.profile_id or fact.status != "active":
         return None
@@ -74,7 +78,7 @@ def add(app: FastAPI, inbox: Path | None, quota_bytes: int = INBOX_QUOTA_BYTES) 
         def run() -> list[Fact]:
             return desk.session.factlog.search_facts(desk.session.profile_id, q, limit=limit)
 
-        return {"object": "list", "data": [fact_json(f) for f in await desk.run(run)]}
+        return {"object": "list", "data": [fact_json(f, desk) for f in await desk.run(run)]}
 
     @app.post("/v1/memories", status_code=201)
     async def remember(body: NewMemory, desk: DeskDep) -> dict[str, Any]:
@@ -82,7 +86,7 @@ def add(app: FastAPI, inbox: Path | None, quota_bytes: int = INBOX_QUOTA_BYTES) 
             fact = await desk.run(desk.session.remember, body.text, body.refers_to, ADD_CAUSE)
         except ValueError as exc:
             raise ApiError(400, str(exc)) from None
-        return fact_json(fact)
+        return fact_json(fact, desk)
 
     @app.get("/v1/memories/export")
     async def export(desk: DeskDep) -> dict[str, Any]:
@@ -92,7 +96,7 @@ def add(app: FastAPI, inbox: Path | None, quota_bytes: int = INBOX_QUOTA_BYTES) 
         facts = await desk.run(run)
         return {
             "exported_at": datetime.now(UTC).isoformat(),
-            "facts": [fact_json(f) for f in facts],
+            "facts": [fact_json(f, desk) for f in facts],
         }
 
     @app.get("/v1/memories/{fact_id}")
@@ -100,14 +104,14 @@ def add(app: FastAPI, inbox: Path | None, quota_bytes: int = INBOX_QUOTA_BYTES) 
         fact = await desk.run(_own, desk, fact_id) if 0 < fact_id <= MAX_FACT_ID else None
         if fact is None:
             raise not_found(f"no memory #{fact_id}")
-        return fact_json(fact)
+        return fact_json(fact, desk)
 
     @app.delete("/v1/memories/{fact_id}", status_code=204)
     async def forget(fact_id: int, desk: DeskDep) -> Response:
         def run() -> bool:
             if not 0 < fact_id <= MAX_FACT_ID or _own(desk, fact_id) is None:
                 return False
-            desk.session.forget(fact_id, FORGET_CAUSE)
+            desk.session.forget(desk.ids.private(fact_id), FORGET_CAUSE)
             return True
 
         if not await desk.run(run):
@@ -122,7 +126,7 @@ def add(app: FastAPI, inbox: Path | None, quota_bytes: int = INBOX_QUOTA_BYTES) 
             k = session.config.k if body.k is None else body.k
             hits = session.retriever.search(session.profile_id, body.query, k)
             return [
-                dict(fact_json(h.fact), score=round(h.score, 4), rank=h.rank)
+                dict(fact_json(h.fact, desk), score=round(h.score, 4), rank=h.rank)
                 for h in sorted(hits, key=lambda h: h.rank)
             ]
 

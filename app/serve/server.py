@@ -168,7 +168,7 @@ def create_app(
                 reply.text,
                 _finish_reason(reply),
                 _usage(reply),
-                _memories(reply),
+                _memories(desk, reply),
             )
         return StreamingResponse(
             _events(desk, turn, ident, model_name, body),
@@ -316,7 +316,7 @@ async def _events(
             log.warning("a streamed reply failed: %s", type(exc).__name__)
             yield _sse(error("the engine failed this request", "server_error"))
             return
-        extra: dict[str, Any] = {"memories": _memories(reply)}
+        extra: dict[str, Any] = {"memories": _memories(desk, reply)}
         if body.stream_options is not None and body.stream_options.include_usage:
             extra["usage"] = _usage(reply)
         yield _sse(chunk(ident, model, {}, _finish_reason(reply), **extra))
@@ -343,5 +343,9 @@ def _usage(reply: Reply) -> dict[str, int]:
     return usage(result.prompt_tokens, len(result.token_ids))
 
 
-def _memories(reply: Reply) -> list[dict[str, Any]]:
-    return [{"id": f.fact_id, "how": f.how, "score": round(f.score, 4)} for f in reply.facts]
+def _memories(desk: Desk, reply: Reply) -> list[dict[str, Any]]:
+    """The memories a reply used, by the user's own ids (``ids.py``)."""
+    return [
+        {"id": desk.ids.public(f.fact_id), "how": f.how, "score": round(f.score, 4)}
+        for f in reply.facts
+    ]
