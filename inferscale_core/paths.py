@@ -24,9 +24,16 @@ CONFIG_FILENAME = "config.toml"
 DIR_MODE = 0o700
 
 
-def _ensure(path: Path) -> Path:
-    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+def private_dir(path: Path) -> Path:
+    """``path``, each folder of it that is missing made 0700 (``mkdir(parents=True)`` makes
+    the parents with the umask's mode, 0755 mostly)."""
+    for folder in [*reversed(path.parents), path]:
+        if not folder.exists():
+            folder.mkdir(mode=DIR_MODE, exist_ok=True)
     return path
+
+
+_ensure = private_dir
 
 
 def _home() -> Path | None:

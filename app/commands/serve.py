@@ -24,9 +24,11 @@ DEFAULT_PORT = 8000
 
 
 def serve_dir(args: argparse.Namespace) -> Path:
+    """The server's folder and its ``kv/`` and ``inbox/``, each made (or made again) 0700."""
     folder = Path(args.data_dir) if args.data_dir else paths.data_dir() / "serve"
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(folder, 0o700)
+    for path in (folder, folder / "kv", folder / "inbox"):
+        paths.private_dir(path)
+        os.chmod(path, 0o700)  # also a folder an older version made 0755
     return folder
 
 
@@ -75,6 +77,9 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
     from app.user_config import load_config
     from inferscale_core.model_files import resolve_model
 
+    # What the server and its engine processes create is theirs alone (folders 0700, files
+    # 0600), whichever code creates it: users' memories, KV tensors, uploads, sockets.
+    os.umask(0o077)
     config = load_config(console)
     if config is None:
         return 1
