@@ -84,6 +84,26 @@ class AuditEntry:
     at: datetime
 
 
+@dataclass(frozen=True, slots=True)
+class KVQuant:
+    """How a compressed entry's codes expand (``inferscale_core.kvstore.quant``): value =
+    code * scale (+ minimum, int4), computed in float32, rounded once to ``dtype``."""
+
+    scheme: str  # "fp8" (e4m3, symmetric) | "int4" (asymmetric, two codes a byte)
+    dtype: torch.dtype  # what the entry dequantizes to: the dtype it was encoded in
+    k_dim: int  # channels of a key head (int4 codes hold half as many bytes)
+    v_dim: int
+    k_scale: torch.Tensor  # [L, 1, H, D]: per channel, over the entry's tokens
+    v_scale: torch.Tensor  # [L, T, H, G]: per token, G groups of a head's channels
+    k_zero: torch.Tensor | None = None  # int4: the minimum, shaped as k_scale
+    v_zero: torch.Tensor | None = None  # int4: shaped as v_scale
+
+    @property
+    def nbytes(self) -> int:
+        parts = (self.k_scale, self.v_scale, self.k_zero, self.v_zero)
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
+
+
 @dataclass(slots=True)
 class FactKV:
     """The KV of one memory entry (a fact line, or the system prefix), as the model computed it.
@@ -100,6 +120,9 @@ class FactKV:
     v: torch.Tensor  # [layers, tokens, kv_heads, head_dim] same dtype as k
     fingerprint: str  # model fingerprint the tensors belong to
     origin: int = 0  # the position of token 0 when the keys were computed
+    # None: k and v are the model's own values. Else they are codes (fp8 [L, T, H, D], int4
+    # uint8 [L, T, H, D/2]) and this holds their scales (inferscale_core.kvstore.quant).
+    quant: KVQuant | None = None
 
     def __post_init__(self) -> None:
         if self.k.shape[:3] != self.v.shape[:3]:
@@ -116,7 +139,9 @@ class FactKV:
 
     @property
     def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+        """Bytes the entry takes: K and V (codes, when compressed) and their scales."""
+        n = self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+        return n if self.quant is None else n + self.quant.nbytes
 
 
 @dataclass(slots=True)

@@ -6,6 +6,7 @@ on-disk format every process reads (the contract between the encoder and vLLM's 
 """
 
 from inferscale_core.kvstore.entry_file import (
+    EntryCorruptError,
     EntryHeader,
     EntryMissingError,
     FingerprintMismatchError,
@@ -18,6 +19,7 @@ from inferscale_core.kvstore.store import (
 )
 
 __all__ = [
+    "EntryCorruptError",
     "EntryHeader",
     "EntryMissingError",
     "FingerprintMismatchError",

@@ -4,30 +4,57 @@ This format is the contract between processes (docs/DESIGN.md, "The connector"):
 writes it, and vLLM's connector reads it wherever it runs — the scheduler side reads only
 headers (token ids, fingerprint, shape), the worker side the tensors. Writes are atomic
 (:mod:`inferscale_core.files`).
+
+Version 3 stores the entry's scheme (``model``, ``fp8`` or ``int4``, see
+:mod:`~inferscale_core.kvstore.quant`) with the scales of a compressed one (``k_scale``,
+``v_scale``, and for int4 ``k_zero``, ``v_zero``), and a CRC-32 of every tensor's bytes. A
+file that is cut short, whose header is not an entry's, whose shapes disagree with its token
+ids and scheme, or whose bytes do not match their checksum, is refused with
+:class:`EntryCorruptError` (an :class:`EntryMissingError`: the fact then goes in as text).
+Version 2 files (the model's dtype, no checksum) are still read.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import struct
 import time
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from safetensors import safe_open
+import torch
+from safetensors.torch import load as load_tensors
 from safetensors.torch import save_file
 
 from inferscale_core.files import TEMP_PREFIX, write_atomic
-from inferscale_core.types import FactKV
+from inferscale_core.kvstore.quant import SCHEMES, entry_tensors
+from inferscale_core.types import FactKV, KVQuant
 
-FORMAT = "inferscale-kv/2"  # /2: post-RoPE keys with their origin (/1 stored pre-RoPE)
+# /3: a scheme (model | fp8 | int4), scales, a checksum; /2: post-RoPE keys with their origin
+# in the model's dtype (still read); /1 stored pre-RoPE (stale: never injected)
+FORMAT = "inferscale-kv/3"
+FORMATS = ("inferscale-kv/2", FORMAT)
 SUFFIX = ".safetensors"
 _STALE_TEMP_S = 3600.0  # temporary files older than this are from a crashed writer
 
 
 class EntryMissingError(KeyError):
     """No entry with that key in the store."""
+
+
+class EntryCorruptError(EntryMissingError):
+    """The entry's file is damaged (cut short, a bad header or shape, a checksum that does not
+    match): it cannot be injected, so it counts as missing."""
+
+    def __init__(self, key: str, why: str) -> None:
+        super().__init__(key)
+        self.why = why
+
+    def __str__(self) -> str:
+        return f"KV entry {self.args[0]} is damaged: {self.why}"
 
 
 class FingerprintMismatchError(ValueError):
@@ -48,87 +75,141 @@ class EntryHeader:
     token_ids: tuple[int, ...]
     fingerprint: str
     shape: tuple[int, int, int, int]  # [layers, tokens, kv_heads, head_dim]
-    nbytes: int = 0  # K + V payload bytes
+    nbytes: int = 0  # payload bytes: K and V (codes, when compressed) and their scales
     origin: int = 0  # the position the keys were computed at (see FactKV)
+    scheme: str = "model"  # how K and V are stored (inferscale_core.kvstore.quant)
+    dtype: str = ""  # the dtype the entry was encoded in (and expands to), e.g. "float32"
+    crc32: int | None = None  # of every tensor's bytes, by name; None: a /2 file (none kept)
 
 
 def header_of(entry: FactKV) -> EntryHeader:
     """The header an entry will have on disk."""
+    quant = entry.quant
     return EntryHeader(
         entry.key,
         tuple(entry.token_ids),
         entry.fingerprint,
-        tuple(entry.k.shape),  # type: ignore[arg-type]
+        _logical_shape(entry),
         entry.nbytes,
         entry.origin,
+        "model" if quant is None else quant.scheme,
+        _dtype_name(entry.k.dtype if quant is None else quant.dtype),
+        checksum(entry_tensors(entry)),
     )
 
 
-def write_entry(path: Path, entry: FactKV) -> None:
-    """Write ``entry`` to ``path`` atomically and durably (mode 0600)."""
-    tensors = {"k": entry.k.contiguous(), "v": entry.v.contiguous()}
+def checksum(tensors: dict[str, torch.Tensor]) -> int:
+    """CRC-32 of the tensors' bytes, in name order."""
+    crc = 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous()
+        crc = zlib.crc32(t.view(torch.uint8).reshape(-1).numpy(), crc)
+    return crc
+
+
+def write_entry(path: Path, entry: FactKV) -> EntryHeader:
+    """Write ``entry`` to ``path`` atomically and durably (mode 0600); returns its header."""
+    tensors = {name: t.contiguous() for name, t in entry_tensors(entry).items()}
+    header = header_of(entry)
     metadata = {
         "format": FORMAT,
         "fingerprint": entry.fingerprint,
         "token_ids": json.dumps(list(entry.token_ids)),
         "origin": str(entry.origin),
+        "scheme": header.scheme,
+        "dtype": header.dtype,
+        "shape": json.dumps(list(header.shape)),
+        "crc32": str(header.crc32),
     }
     write_atomic(path, lambda tmp: save_file(tensors, tmp, metadata=metadata), suffix=SUFFIX)
+    return header
 
 
 def read_header(key: str, path: Path) -> EntryHeader:
-    """Parse the safetensors header (8-byte length, then JSON) without touching the tensors."""
+    """Parse the safetensors header (8-byte length, then JSON) without touching the tensors.
+    Raises :class:`EntryCorruptError` for a file that is not a whole entry (a header that
+    does not parse, or says other than the file's size), ``ValueError`` for one of another
+    format (stale: an earlier version's, never injected)."""
     try:
         with open(path, "rb") as fh:
             raw = fh.read(8)
             size = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
             if not 0 < size <= 1 << 26:
-                raise ValueError(f"{path} has a {size}-byte header: not an entry")
-            info = json.loads(fh.read(size))
+                raise EntryCorruptError(key, f"a {size}-byte header")
+            text = fh.read(size)
+            file_size = os.fstat(fh.fileno()).st_size
+        info = json.loads(text)
+        meta = info.pop("__metadata__", None) or {}
+        if meta.get("format") not in FORMATS:
+            raise ValueError(f"{path} is not an {FORMAT} entry")
+        header = _parse_header(key, meta, info)
+        end = max(t["data_offsets"][1] for t in info.values())
     except FileNotFoundError:
         raise EntryMissingError(key) from None
-    meta = info.pop("__metadata__", None) or {}
-    if meta.get("format") != FORMAT or set(info) != {"k", "v"}:
-        raise ValueError(f"{path} is not an {FORMAT} entry")
-    nbytes = sum(end - start for start, end in (t["data_offsets"] for t in info.values()))
-    return EntryHeader(
-        key,
-        tuple(json.loads(meta["token_ids"])),
-        meta["fingerprint"],
-        tuple(info["k"]["shape"]),  # type: ignore[arg-type]
-        nbytes,
-        int(meta.get("origin", 0)),
-    )
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise EntryCorruptError(key, f"its header does not parse ({exc})") from None
+    if file_size != 8 + size + end:
+        raise EntryCorruptError(key, f"{file_size} bytes, its header says {8 + size + end}")
+    return header
 
 
 def read_entry(header: EntryHeader, path: Path) -> FactKV:
-    """The entry's tensors (``header`` from :func:`read_header` of the same file)."""
+    """The entry's tensors (``header`` from :func:`read_header` of the same file), checked
+    against the header's shapes and checksum (:class:`EntryCorruptError` if they differ)."""
+    key = header.key
     try:
-        with safe_open(str(path), framework="pt") as fh:
-            k = fh.get_tensor("k")  # [layers, tokens, kv_heads, head_dim]
-            v = fh.get_tensor("v")  # [layers, tokens, kv_heads, head_dim]
+        data = path.read_bytes()
     except FileNotFoundError:
-        raise EntryMissingError(header.key) from None
-    return FactKV(header.key, list(header.token_ids), k, v, header.fingerprint, header.origin)
+        raise EntryMissingError(key) from None
+    try:
+        tensors = load_tensors(data)
+    except Exception as exc:  # safetensors' own error type differs across versions
+        raise EntryCorruptError(key, f"its tensors do not load ({exc})") from None
+    if header.crc32 is not None and checksum(tensors) != header.crc32:
+        raise EntryCorruptError(key, "its bytes do not match their checksum")
+    entry = _entry_of(header, tensors)
+    if _logical_shape(entry) != header.shape or entry.nbytes != header.nbytes:
+        raise EntryCorruptError(key, "its tensors' shapes disagree with its header")
+    return entry
 
 
-def scan(root: Path) -> tuple[int, int, int, int]:
-    """``(entries, file bytes, K+V bytes, tokens)`` of the current format's entries in
-    ``root``; files of an earlier format (stale: never injected) and ones deleted meanwhile are
-    left out."""
-    entries = file_bytes = payload = tokens = 0
+@dataclass(slots=True)
+class DiskUsage:
+    """What the entries in a store's folder take (current formats; stale files left out)."""
+
+    entries: int = 0
+    file_bytes: int = 0
+    payload: int = 0  # K/V (codes) and scales
+    tokens: int = 0
+    by_scheme: dict[str, list[int]] = field(default_factory=dict)  # scheme -> [entries, bytes]
+
+
+def usage(root: Path) -> DiskUsage:
+    """:class:`DiskUsage` of the entries in ``root`` (headers only); files of an earlier
+    format, damaged ones and ones deleted meanwhile are left out."""
+    out = DiskUsage()
     for path in root.glob(f"*{SUFFIX}"):
         if path.name.startswith("."):
             continue
         try:
             header = read_header(path.stem, path)
-            file_bytes += path.stat().st_size
-        except (EntryMissingError, FileNotFoundError, ValueError):
+            size = path.stat().st_size
+        except (EntryMissingError, FileNotFoundError, ValueError):  # damaged ones included
             continue
-        entries += 1
-        payload += header.nbytes
-        tokens += len(header.token_ids)
-    return entries, file_bytes, payload, tokens
+        out.entries += 1
+        out.file_bytes += size
+        out.payload += header.nbytes
+        out.tokens += len(header.token_ids)
+        counts = out.by_scheme.setdefault(header.scheme, [0, 0])
+        counts[0] += 1
+        counts[1] += size
+    return out
+
+
+def scan(root: Path) -> tuple[int, int, int, int]:
+    """``(entries, file bytes, payload bytes, tokens)`` of :func:`usage`."""
+    found = usage(root)
+    return found.entries, found.file_bytes, found.payload, found.tokens
 
 
 def sweep_temp_files(root: Path) -> None:
@@ -138,3 +219,76 @@ def sweep_temp_files(root: Path) -> None:
         with contextlib.suppress(OSError):
             if tmp.stat().st_mtime < cutoff:
                 tmp.unlink()
+
+
+# ---- helpers ----
+_SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+_NAMES = {"k", "v"}
+_QUANT_NAMES = {"fp8": _NAMES | {"k_scale", "v_scale"}}
+_QUANT_NAMES["int4"] = _QUANT_NAMES["fp8"] | {"k_zero", "v_zero"}
+
+
+def _parse_header(key: str, meta: dict[str, str], info: dict[str, dict]) -> EntryHeader:
+    """The header of a /2 or /3 file (``info``: its tensors' entries)."""
+    scheme = meta.get("scheme", "model")
+    if scheme not in SCHEMES:
+        raise EntryCorruptError(key, f"an unknown scheme {scheme!r}")
+    if set(info) != _QUANT_NAMES.get(scheme, _NAMES):
+        raise EntryCorruptError(key, f"tensors {sorted(info)} for scheme {scheme!r}")
+    shape = json.loads(meta["shape"]) if "shape" in meta else info["k"]["shape"]
+    if len(shape) != 4 or not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise EntryCorruptError(key, f"a shape of {shape!r}")
+    token_ids = tuple(json.loads(meta["token_ids"]))
+    if shape[1] != len(token_ids):
+        raise EntryCorruptError(key, f"{len(token_ids)} token ids for {shape[1]} tokens")
+    nbytes = sum(end - start for start, end in (t["data_offsets"] for t in info.values()))
+    crc = meta.get("crc32")
+    return EntryHeader(
+        key,
+        token_ids,
+        meta["fingerprint"],
+        tuple(shape),  # type: ignore[arg-type]
+        nbytes,
+        int(meta.get("origin", 0)),
+        scheme,
+        meta.get("dtype") or _SAFETENSORS_DTYPES.get(info["k"]["dtype"], info["k"]["dtype"]),
+        None if crc is None else int(crc),
+    )
+
+
+def _entry_of(header: EntryHeader, tensors: dict[str, torch.Tensor]) -> FactKV:
+    quant = None
+    if header.scheme != "model":
+        dims = header.shape[3]
+        quant = KVQuant(
+            header.scheme,
+            getattr(torch, header.dtype),
+            dims,
+            tensors["v"].shape[-1] * (2 if header.scheme == "int4" else 1),
+            tensors["k_scale"],
+            tensors["v_scale"],
+            tensors.get("k_zero"),
+            tensors.get("v_zero"),
+        )
+    try:
+        return FactKV(
+            header.key,
+            list(header.token_ids),
+            tensors["k"],
+            tensors["v"],
+            header.fingerprint,
+            header.origin,
+            quant,
+        )
+    except ValueError as exc:
+        raise EntryCorruptError(header.key, str(exc)) from None
+
+
+def _logical_shape(entry: FactKV) -> tuple[int, int, int, int]:
+    """``[layers, tokens, kv_heads, head_dim]`` of the keys, whatever their codes' shape."""
+    layers, tokens, heads, dim = entry.k.shape
+    return (layers, tokens, heads, dim if entry.quant is None else entry.quant.k_dim)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -14,7 +14,9 @@ and a per-key version keeps a read that raced a ``put``/``delete`` from caching 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import logging
 import os
 import threading
 import time
@@ -25,20 +27,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from inferscale_core.files import fsync_dir
+from inferscale_core.files import TEMP_PREFIX, fsync_dir
 from inferscale_core.kvstore import head_shards
 from inferscale_core.kvstore.entry_file import (
     SUFFIX,
+    EntryCorruptError,
     EntryHeader,
     EntryMissingError,
     FingerprintMismatchError,
-    header_of,
     read_entry,
     read_header,
     scan,
     sweep_temp_files,
     write_entry,
 )
+from inferscale_core.kvstore.quant import check_scheme, quantize, scheme_for
 from inferscale_core.kvstore.tiers import (
     EntryLayout,
     HostTier,
@@ -49,6 +52,8 @@ from inferscale_core.kvstore.tiers import (
     to_host,
 )
 from inferscale_core.types import FactKV
+
+log = logging.getLogger(__name__)
 
 _RACY_NS = 200_000_000  # a folder mtime this recent may not show a change made in its tick
 
@@ -64,6 +69,10 @@ class KVStore:
             tier out otherwise; tests pass ``"cpu"`` to run the device tier's logic on CPU.
         fingerprint: model fingerprint every read is checked against (and every write).
         pin_host: pin host-tier tensors; None pins when CUDA is available.
+        store_dtype: how entries are written (:data:`~inferscale_core.kvstore.quant.SCHEMES`):
+            ``"model"`` keeps the model's dtype, ``"fp8"`` / ``"int4"`` compress every entry
+            but the system prefix's (:func:`~inferscale_core.kvstore.quant.scheme_for`).
+            Entries of any scheme are read; the tiers hold them as stored.
     """
 
     def __init__(
@@ -75,7 +84,9 @@ class KVStore:
         device: torch.device | str | None = None,
         fingerprint: str | None = None,
         pin_host: bool | None = None,
+        store_dtype: str = "model",
     ) -> None:
+        self.store_dtype = check_scheme(store_dtype)
         self.root = Path(root)
         self._root_str = str(self.root)
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -85,6 +96,7 @@ class KVStore:
         self.device_tier = device_tier(gpu_bytes, device)
         self._headers: dict[str, EntryHeader] = {}
         self._seen_at: dict[str, int] = {}  # key -> folder mtime when its file was last seen
+        self._stamps: dict[str, tuple[int, int]] = {}  # key -> (size, mtime) when checked
         self._versions: dict[str, int] = {}  # bumped by every put/delete of the key
         self._clock = itertools.count(1)
         self._hits: Counter[str] = Counter()
@@ -92,6 +104,7 @@ class KVStore:
         self._lock = threading.Lock()
         self._written = threading.Condition()  # notified after every put (see wait_for)
         self._writing: set[str] = set()  # keys a put of this process is writing
+        self._lost: set[str] = set()  # damaged entries deleted, not yet reported (lost())
         sweep_temp_files(self.root)
         head_shards.sweep_parts(self.root)
 
@@ -105,18 +118,21 @@ class KVStore:
         return f"{self._root_str}/{key}{SUFFIX}"
 
     # ---- writes ----
-    def put(self, entry: FactKV) -> Path:
-        """Write an entry durably and keep it in host RAM; replaces an entry with the same key."""
+    def put(self, entry: FactKV, scheme: str | None = None) -> Path:
+        """Write an entry durably and keep it in host RAM; replaces an entry with the same key.
+        It is stored as ``scheme`` (default: the store's ``store_dtype``; the system prefix
+        always as the model computed it)."""
         target = self.path(entry.key)
         if self.fingerprint is not None and entry.fingerprint != self.fingerprint:
             raise FingerprintMismatchError(entry.key, entry.fingerprint, self.fingerprint)
-        header = header_of(entry)
+        # compressed where it is (on a GPU, there), then in host RAM, written from there
+        entry = quantize(entry, scheme_for(entry.key, scheme or self.store_dtype))
         with self._lock:
             version = self._invalidate(entry.key)
             self._writing.add(entry.key)
         try:
-            write_entry(target, entry)
             hosted = to_host(entry, self.host_tier.pin)  # write-through: the injection after
+            header = write_entry(target, hosted)
         except BaseException:
             with self._lock:
                 self._writing.discard(entry.key)
@@ -124,11 +140,48 @@ class KVStore:
         with self._lock:
             if self._versions.get(entry.key) == version:  # no put/delete of it since
                 self._headers[entry.key] = header
+                with contextlib.suppress(FileNotFoundError):
+                    self._stamps[entry.key] = _stamp(self._file(entry.key))
                 self.host_tier.put(hosted)
             self._writing.discard(entry.key)
         with self._written:
             self._written.notify_all()
         return target
+
+    def convert(self, key: str, scheme: str | None = None) -> bool:
+        """Rewrite an entry stored in the model's dtype as ``scheme`` (default: the store's
+        ``store_dtype``; the system prefix stays as it is) under the same key, from its stored
+        tensors: no re-encoding. False if it is in that scheme already, if it is compressed
+        (a compressed entry is never compressed again, nor expanded: its fact is encoded
+        anew), or if it was deleted or replaced meanwhile (a forgotten fact's entry is never
+        brought back). Raises :class:`EntryMissingError` if it does not exist (or is
+        damaged)."""
+        target_scheme = scheme_for(key, check_scheme(scheme or self.store_dtype))
+        with self._lock:
+            version = self._versions.get(key, 0)
+        if self.stored_scheme(key) in (target_scheme, "fp8", "int4"):
+            return False
+        entry = quantize(self._read(key), target_scheme)
+        target = self.path(key)
+        staged = self.root / f"{TEMP_PREFIX}convert-{key}{SUFFIX}"
+        header = write_entry(staged, entry)
+        with self._lock:
+            if self._versions.get(key, 0) != version or not target.exists():
+                staged.unlink(missing_ok=True)
+                return False
+            os.replace(staged, target)  # under the lock: a delete comes wholly before or after
+            self._invalidate(key)
+            self._headers[key] = header
+            self._stamps[key] = _stamp(self._file(key))
+            self.host_tier.put(to_host(entry, self.host_tier.pin))
+        fsync_dir(self.root)
+        return True
+
+    def stored_scheme(self, key: str) -> str:
+        """How the entry is stored (its header alone is read; the file is not checked)."""
+        with self._lock:
+            cached = self._headers.get(key)
+        return (cached or read_header(key, self.path(key))).scheme
 
     def put_heads(self, part: FactKV, start: int, total: int) -> Path | None:
         """Write KV heads ``[start, start + part's heads)`` of an entry of ``total`` heads (one
@@ -213,22 +266,47 @@ class KVStore:
 
     def header(self, key: str) -> EntryHeader:
         """The entry's header; a cached one is checked against the file (another process may
-        have deleted it), so the scheduler refuses forgotten entries."""
+        have deleted it), so the scheduler refuses forgotten entries.
+
+        An entry seen for the first time is read whole and checked (shapes, checksum) before
+        its header is trusted, and kept in host RAM for the injection that follows: a damaged
+        file is refused here, as missing (:class:`EntryCorruptError`), never loaded."""
         file = self._file(key)
         with self._lock:
             cached = self._headers.get(key)
             version = self._versions.get(key, 0)
         if cached is not None:
-            if os.path.exists(file):
+            try:
+                stamp = _stamp(file)
+            except FileNotFoundError:
+                with self._lock:
+                    if self._versions.get(key, 0) == version:
+                        self._invalidate(key)
+                raise EntryMissingError(key) from None
+            if self._stamps.get(key, stamp) == stamp:
                 return cached
-            with self._lock:
+            with self._lock:  # rewritten on disk since it was checked: check it again
                 if self._versions.get(key, 0) == version:
                     self._invalidate(key)
-            raise EntryMissingError(key)
-        header = read_header(key, Path(file))
+                version = self._versions.get(key, 0)
+        path = Path(file)
+        try:
+            stamp = _stamp(file)
+            header = read_header(key, path)
+            entry = None
+            if key not in self.host_tier:
+                entry = to_host(read_entry(header, path), self.host_tier.pin)
+        except EntryCorruptError:
+            self._set_aside(key, version)
+            raise
+        except FileNotFoundError:
+            raise EntryMissingError(key) from None
         with self._lock:
             if self._versions.get(key, 0) == version:
                 self._headers[key] = header
+                self._stamps[key] = stamp
+                if entry is not None:
+                    self.host_tier.put(entry)
         return header
 
     def header_reader(self) -> Callable[[Sequence[str]], list[EntryHeader]]:
@@ -460,6 +538,7 @@ class KVStore:
         """Under the lock: drop ``key`` from every memory tier; returns its new version."""
         version = self._versions[key] = next(self._clock)
         self._headers.pop(key, None)
+        self._stamps.pop(key, None)
         self._seen_at.pop(key, None)
         self.host_tier.pop(key)
         if self.device_tier is not None:
@@ -472,4 +551,40 @@ class KVStore:
             self.host_tier.put(to_host(views, self.host_tier.pin, copy=True))
 
     def _read(self, key: str) -> FactKV:
-        return read_entry(self.header(key), self.path(key))
+        with self._lock:
+            version = self._versions.get(key, 0)
+        try:
+            header = self.header(key)  # a first sight reads it whole, into host RAM
+            with self._lock:
+                hosted = self.host_tier.get(key)
+            if hosted is not None and self._versions.get(key, 0) == version:
+                return hosted
+            return read_entry(header, self.path(key))
+        except EntryCorruptError:
+            self._set_aside(key, version)
+            raise
+
+    def _set_aside(self, key: str, version: int) -> None:
+        """A damaged entry's file is deleted (unless it was replaced meanwhile): its fact goes
+        in as text, and is encoded again (:meth:`lost`)."""
+        log.warning("KV entry %s is damaged; deleting it (its fact is encoded again)", key)
+        with self._lock:
+            if self._versions.get(key, 0) != version:
+                return
+            self._invalidate(key)
+            self._lost.add(key)
+        with contextlib.suppress(FileNotFoundError):
+            self.path(key).unlink()
+
+    def lost(self) -> list[str]:
+        """The keys of damaged entries deleted since the last call (whoever records which
+        fact an entry encodes forgets those rows, so the facts are encoded again)."""
+        with self._lock:
+            keys, self._lost = sorted(self._lost), set()
+        return keys
+
+
+def _stamp(file: str) -> tuple[int, int]:
+    """``(size, mtime_ns)`` of a file: a rewrite by anyone changes it."""
+    st = os.stat(file)
+    return st.st_size, st.st_mtime_ns

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from inferscale_core.kvstore.quant import entry_tensors, with_tensors
 from inferscale_core.types import FactKV
 
 
@@ -51,11 +52,13 @@ class PrefetchReport:
 
 
 def to_host(entry: FactKV, pin: bool, copy: bool = False) -> FactKV:
-    """``entry`` with its tensors in host RAM: pinned if ``pin``, a fresh copy if ``copy``."""
-    k, v = _host_tensor(entry.k, pin, copy), _host_tensor(entry.v, pin, copy)
-    if k is entry.k and v is entry.v:
+    """``entry`` with its tensors (codes and scales, when compressed) in host RAM: pinned if
+    ``pin``, a fresh copy if ``copy``."""
+    tensors = entry_tensors(entry)
+    hosted = {name: _host_tensor(t, pin, copy) for name, t in tensors.items()}
+    if all(hosted[name] is t for name, t in tensors.items()):
         return entry
-    return FactKV(entry.key, list(entry.token_ids), k, v, entry.fingerprint, entry.origin)
+    return with_tensors(entry, hosted)
 
 
 def _host_tensor(t: torch.Tensor, pin: bool, copy: bool) -> torch.Tensor:
@@ -219,7 +222,7 @@ class DeviceTier:
         return all(map(self._entries.__contains__, keys))
 
     def region_size(self, entry: FactKV) -> int:
-        return self.allocator.round(_nbytes(entry.k)) + self.allocator.round(_nbytes(entry.v))
+        return sum(self.allocator.round(_nbytes(t)) for t in entry_tensors(entry).values())
 
     def get(self, key: str) -> FactKV | None:
         """The entry's views, ordered after its copy in on the current stream."""
@@ -297,27 +300,37 @@ class DeviceTier:
             demote(victim, res.entry)
             self.remove(victim)
         pool = self._ensure_pool()
+        # K, then V, then a compressed entry's scales, each aligned
+        sources = entry_tensors(entry)
+        views: dict[str, torch.Tensor] = {}
+        at = offset
+        for name, t in sources.items():
+            views[name] = _view(pool, at, t)
+            at += self.allocator.round(_nbytes(t))
         v_offset = offset + self.allocator.round(_nbytes(entry.k))
-        k = _view(pool, offset, entry.k)
-        v = _view(pool, v_offset, entry.v)
         ready = None
         if self._stream is not None:
             # the region's last readers ran on the current stream: copy in after them
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self._stream):
-                k.copy_(entry.k, non_blocking=True)
-                v.copy_(entry.v, non_blocking=True)
+                for name, t in sources.items():
+                    views[name].copy_(t, non_blocking=True)
             ready = torch.cuda.Event()
             ready.record(self._stream)
         else:
-            k.copy_(entry.k)
-            v.copy_(entry.v)
-        views = FactKV(entry.key, list(entry.token_ids), k, v, entry.fingerprint, entry.origin)
+            for name, t in sources.items():
+                views[name].copy_(t)
+        resident = with_tensors(entry, views)
         layers, tokens, heads, dim = entry.k.shape
         layout: EntryLayout | None = (entry.k.dtype, layers, heads, dim)
-        if entry.v.shape != entry.k.shape or entry.v.dtype != entry.k.dtype:
+        if entry.quant is not None or (entry.v.shape, entry.v.dtype) != (
+            entry.k.shape,
+            entry.k.dtype,
+        ):
             layout = None  # not readable in place as one kind of entry; views still are
-        self._entries[entry.key] = _Resident(views, offset, size, v_offset, tokens, layout, ready)
+        self._entries[entry.key] = _Resident(
+            resident, offset, size, v_offset, tokens, layout, ready
+        )
         if ready is not None:
             self._copying.add(entry.key)
         self.used += size

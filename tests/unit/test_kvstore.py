@@ -271,9 +271,15 @@ def test_header_reader_trusts_an_unchanged_folder_and_never_a_racy_one(tmp_path,
     store.put(_entry("a"))
     _age_folder(tmp_path)
     store.header_reader()(["a"])  # seen: the file existed after the folder was statted
-    checked = []
-    real_exists = os.path.exists
-    monkeypatch.setattr(os.path, "exists", lambda p: checked.append(p) or real_exists(p))
+    checked = []  # the entry files statted (the folder's own stat is not counted)
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):
+        if str(path).endswith(".safetensors"):
+            checked.append(path)
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
     read = store.header_reader()
     assert read(["a"])[0].key == "a" and checked == []  # one folder stat, no file check
     os.utime(tmp_path)  # an mtime of now: a change in this tick could hide behind it

@@ -1,0 +1,237 @@
+"""Compressed KV entries: fp8 (e4m3) and 4-bit codes with their scales, pure torch.
+
+A fact's entry is ~45 KiB a token for SmolLM2 in fp32 and 128 KiB for the Llama-3.1-8B shape
+in bf16; the store keeps most of it compressed (``kv_store_dtype``), and the connector
+dequantizes where it writes the paged cache. Each tensor is quantized along the axis where its
+outliers live (KIVI, KVQuant):
+
+* keys per channel: one scale (and, for int4, one minimum) per ``(layer, head, channel)`` over
+  the entry's tokens. Keys are stored post-RoPE at their origin; over one fact's ~50 positions
+  a channel with an outlier keeps it (the slow-turning channels hold them), and the fast ones
+  spread a pair's norm evenly over its two channels.
+* values per token: one scale (and minimum) per ``(layer, token, head, group)``, a group being
+  :data:`INT4_GROUP` channels of the head (fp8: the whole head).
+
+fp8 is symmetric (absmax / 448, e4m3's largest normal); int4 asymmetric (``code * scale +
+minimum``, codes 0..15, two a byte: channel ``c`` of the first half of the head in the low
+nibble, ``c + head_dim / 2`` in the high one). Scales are float32 for fp8 and float16 for int4
+(the minimum in float16 too: its rounding, 2^-11 of it, stays below a code step).
+
+Dequantizing computes in float32 and rounds once to the model's dtype. Entries of the system
+prefix are never compressed (:func:`scheme_for`): the prefix is exact and shared by every
+request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from inferscale_core.types import FactKV, KVQuant
+
+SCHEMES = ("model", "fp8", "int4")
+"""How an entry is stored: the model's own dtype (exact), fp8 e4m3 or 4-bit codes."""
+
+INT4_GROUP = 64
+"""Value channels sharing one int4 scale (a whole head where the head is smaller)."""
+
+_FP8 = torch.float8_e4m3fn
+_FP8_MAX = 448.0
+_TINY = 1e-12  # a channel of zeros gets this scale, not 0 (no division by zero)
+_EXACT_KINDS = ("prefix-",)  # keys (composer.entry_key) of entries kept in the model's dtype
+
+
+def scheme_for(key: str, scheme: str) -> str:
+    """The scheme an entry under ``key`` is stored in when the store's is ``scheme``: the
+    system prefix stays exact."""
+    return "model" if key.startswith(_EXACT_KINDS) else scheme
+
+
+def check_scheme(scheme: str) -> str:
+    if scheme not in SCHEMES:
+        raise ValueError(f"kv store dtype must be one of {', '.join(SCHEMES)}, not {scheme!r}")
+    return scheme
+
+
+def scheme_of(entry: FactKV) -> str:
+    return "model" if entry.quant is None else entry.quant.scheme
+
+
+def quantize(entry: FactKV, scheme: str) -> FactKV:
+    """``entry`` stored as ``scheme`` (an entry already in it is returned as it is; a
+    compressed one is never compressed again from its codes: dequantize it first)."""
+    check_scheme(scheme)
+    if scheme == scheme_of(entry):
+        return entry
+    if entry.quant is not None:
+        entry = dequantize(entry)
+    if scheme == "model":
+        return entry
+    k = entry.k.float()  # [L, T, H, D]
+    v = entry.v.float()  # [L, T, H, Dv]
+    if scheme == "fp8":
+        k_scale = _absmax(k, dim=1) / _FP8_MAX  # [L, 1, H, D]
+        v_scale = _absmax(v, dim=3) / _FP8_MAX  # [L, T, H, 1]
+        quant = KVQuant("fp8", entry.k.dtype, k.shape[-1], v.shape[-1], k_scale, v_scale)
+        k_codes = (k / k_scale).clamp_(-_FP8_MAX, _FP8_MAX).to(_FP8)
+        v_codes = (v / v_scale).clamp_(-_FP8_MAX, _FP8_MAX).to(_FP8)
+    else:
+        k_codes, k_scale, k_min = _int4_channels(k)
+        v_codes, v_scale, v_min = _int4_groups(v)
+        quant = KVQuant(
+            "int4", entry.k.dtype, k.shape[-1], v.shape[-1], k_scale, v_scale, k_min, v_min
+        )
+    return FactKV(
+        entry.key, list(entry.token_ids), k_codes, v_codes, entry.fingerprint, entry.origin, quant
+    )
+
+
+def dequantize(
+    entry: FactKV, dtype: torch.dtype | None = None, device: torch.device | None = None
+) -> FactKV:
+    """``entry`` in plain tensors of ``dtype`` (default: the dtype it was encoded in) on
+    ``device`` (default: where it is). Codes move before they expand: a compressed entry
+    crosses to the device at its compressed size."""
+    quant = entry.quant
+    if quant is None:
+        if dtype is None and device is None:
+            return entry
+        k = entry.k.to(device=device, dtype=dtype)
+        v = entry.v.to(device=device, dtype=dtype)
+        return FactKV(entry.key, list(entry.token_ids), k, v, entry.fingerprint, entry.origin)
+    if device is not None:
+        entry = map_tensors(entry, lambda t: t.to(device, non_blocking=True))
+        quant = entry.quant
+        assert quant is not None
+    dtype = dtype or quant.dtype
+    layers, tokens, heads, _ = entry.k.shape
+    k = torch.empty(layers, tokens, heads, quant.k_dim, dtype=dtype, device=entry.k.device)
+    v = torch.empty(layers, tokens, heads, quant.v_dim, dtype=dtype, device=entry.v.device)
+    dequantize_into(entry, 0, tokens, k, v)
+    return FactKV(entry.key, list(entry.token_ids), k, v, entry.fingerprint, entry.origin)
+
+
+def dequantize_into(
+    entry: FactKV, start: int, end: int, k_out: torch.Tensor, v_out: torch.Tensor
+) -> None:
+    """Tokens ``[start, end)`` of ``entry`` expanded into ``k_out`` and ``v_out``
+    (``[layers, end - start, heads, dim]`` views of any dtype, e.g. a slice of the scratch the
+    connector writes the cache from): the copy a plain entry would need, at about 1.5x its
+    cost for int4 on a CPU (computed in float32 when the output is)."""
+    quant = entry.quant
+    k, v = entry.k[:, start:end], entry.v[:, start:end]
+    if quant is None:
+        k_out.copy_(k)
+        v_out.copy_(v)
+        return
+    work = torch.float32 if k_out.dtype == torch.float32 else k_out.dtype
+    if quant.scheme == "fp8":
+        k_out.copy_(k)
+        k_out.mul_(quant.k_scale.to(work))
+        v_out.copy_(v)
+        v_out.mul_(quant.v_scale[:, start:end].to(work))
+        return
+    assert quant.k_zero is not None and quant.v_zero is not None
+    half = quant.k_dim // 2
+    k_scale, k_zero = quant.k_scale.to(work), quant.k_zero.to(work)
+    torch.addcmul(k_zero[..., :half], k & 15, k_scale[..., :half], out=k_out[..., :half])
+    torch.addcmul(k_zero[..., half:], k >> 4, k_scale[..., half:], out=k_out[..., half:])
+    half = quant.v_dim // 2
+    v_out[..., :half] = v & 15
+    v_out[..., half:] = v >> 4
+    layers, tokens, heads, dim = v_out.shape
+    groups = quant.v_scale.shape[-1]
+    grouped = v_out.view(layers, tokens, heads, groups, dim // groups)
+    grouped.mul_(quant.v_scale[:, start:end, :, :, None].to(work))
+    grouped.add_(quant.v_zero[:, start:end, :, :, None].to(work))
+
+
+def map_tensors(entry: FactKV, fn: Callable[[torch.Tensor], torch.Tensor]) -> FactKV:
+    """``entry`` with ``fn`` applied to each of its tensors (codes and scales alike)."""
+    return with_tensors(entry, {name: fn(t) for name, t in entry_tensors(entry).items()})
+
+
+def entry_tensors(entry: FactKV) -> dict[str, torch.Tensor]:
+    """Every tensor of the entry by its name in the entry file."""
+    out = {"k": entry.k, "v": entry.v}
+    quant = entry.quant
+    if quant is not None:
+        out["k_scale"], out["v_scale"] = quant.k_scale, quant.v_scale
+        if quant.k_zero is not None and quant.v_zero is not None:
+            out["k_zero"], out["v_zero"] = quant.k_zero, quant.v_zero
+    return out
+
+
+def stored_nbytes(scheme: str, layers: int, tokens: int, heads: int, k_dim: int, v_dim: int,
+                  model_bytes: int) -> int:  # fmt: skip
+    """Bytes of an entry of this shape stored as ``scheme`` (the model's dtype taking
+    ``model_bytes`` an element): what ``nbytes`` of such an entry will be."""
+    elements = layers * tokens * heads * (k_dim + v_dim)
+    if scheme == "model":
+        return elements * model_bytes
+    if scheme == "fp8":
+        return elements + 4 * layers * heads * (k_dim + tokens)
+    groups = -(-v_dim // min(INT4_GROUP, v_dim))
+    return elements // 2 + 2 * 2 * layers * heads * (k_dim + tokens * groups)
+
+
+# ---- helpers ----
+def _absmax(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return x.abs().amax(dim=dim, keepdim=True).clamp_(min=_TINY)
+
+
+def _int4_channels(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keys ``[L, T, H, D]`` -> packed codes ``[L, T, H, D/2]`` uint8, scale and minimum
+    ``[L, 1, H, D]`` float16 (per channel, over the tokens)."""
+    low = k.amin(dim=1, keepdim=True).half()  # [L, 1, H, D]
+    scale = ((k.amax(dim=1, keepdim=True) - low.float()) / 15).clamp_(min=_TINY).half()
+    codes = ((k - low.float()) / scale.float()).round_().clamp_(0, 15).to(torch.uint8)
+    return _pack(codes), scale, low
+
+
+def _int4_groups(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Values ``[L, T, H, D]`` -> packed codes ``[L, T, H, D/2]`` uint8, scale and minimum
+    ``[L, T, H, G]`` float16 (per token, G groups of channels)."""
+    layers, tokens, heads, dim = v.shape
+    group = min(INT4_GROUP, dim)
+    if dim % group:
+        raise ValueError(f"a head of {dim} channels does not split into groups of {group}")
+    grouped = v.reshape(layers, tokens, heads, dim // group, group)
+    low = grouped.amin(dim=-1, keepdim=True).half()  # [L, T, H, G, 1]
+    scale = ((grouped.amax(dim=-1, keepdim=True) - low.float()) / 15).clamp_(min=_TINY).half()
+    codes = ((grouped - low.float()) / scale.float()).round_().clamp_(0, 15).to(torch.uint8)
+    return _pack(codes.reshape(v.shape)), scale.squeeze(-1), low.squeeze(-1)
+
+
+def _pack(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 codes 0..15 ``[..., D]`` -> ``[..., D/2]``: the first half low, the second high."""
+    half = codes.shape[-1] // 2
+    if codes.shape[-1] % 2:
+        raise ValueError(f"int4 packs an even number of channels, not {codes.shape[-1]}")
+    return (codes[..., :half] | (codes[..., half:] << 4)).contiguous()
+
+
+def with_tensors(entry: FactKV, tensors: dict[str, torch.Tensor]) -> FactKV:
+    """``entry`` with its tensors replaced by those of :func:`entry_tensors`' names."""
+    quant = entry.quant
+    if quant is not None:
+        quant = KVQuant(
+            quant.scheme,
+            quant.dtype,
+            quant.k_dim,
+            quant.v_dim,
+            tensors["k_scale"],
+            tensors["v_scale"],
+            tensors.get("k_zero"),
+            tensors.get("v_zero"),
+        )
+    return FactKV(
+        entry.key,
+        list(entry.token_ids),
+        tensors["k"],
+        tensors["v"],
+        entry.fingerprint,
+        entry.origin,
+        quant,
+    )
