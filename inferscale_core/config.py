@@ -23,6 +23,7 @@ Example file::
     max_tokens = 512    # reply length limit, in tokens
     history_tokens = 1024  # recent turns kept in the prompt, in tokens
     recompute = 4       # the best hits prefilled with the question, not injected
+    kv_store_dtype = "auto"  # auto | model | fp8 | int4: how memories' KV is kept on disk
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from inferscale_core.context_window import ANCHORED, WINDOWS
 from inferscale_core.generation import GREEDY
 
 EXTRACTORS = ("auto", "deterministic", "llm")
+KV_STORE_DTYPES = ("auto", "model", "fp8", "int4")  # kvstore.quant.SCHEMES and "auto"
+AUTO_STORE_DTYPE = "int4"
 
 
 class ConfigError(ValueError):
@@ -63,6 +66,10 @@ class AppConfig:
     # The best hits prefilled with the question (after the injected ones), not injected: at
     # k=20 on LoCoMo, r=4 cuts next-token KL against prompt injection by 56% for 1.22x TTFT.
     recompute: int = 4
+    # How each memory's KV entry is stored (inferscale_core/kvstore/quant.py): "model" keeps
+    # the model's dtype (exact), "fp8" is ~4x smaller than fp32 / 2x than bf16, "int4" ~7x /
+    # 3.6x. "auto" is int4 (docs/BENCHMARKS.md, "Compressed memory": its fidelity and size).
+    kv_store_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()):
@@ -98,6 +105,11 @@ class AppConfig:
             GREEDY.with_overrides(**sampling)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        if self.kv_store_dtype not in KV_STORE_DTYPES:
+            raise ConfigError(
+                f"kv_store_dtype must be one of {', '.join(KV_STORE_DTYPES)};"
+                f" got {self.kv_store_dtype!r}"
+            )
         if self.extractor not in EXTRACTORS:
             raise ConfigError(
                 f"extractor must be one of {', '.join(EXTRACTORS)}; got {self.extractor!r}"
@@ -120,6 +132,11 @@ class AppConfig:
     @property
     def gpu_pool_bytes(self) -> int:
         return int(self.gpu_pool_gib * (1 << 30))
+
+    @property
+    def store_dtype(self) -> str:
+        """``kv_store_dtype`` with "auto" resolved."""
+        return AUTO_STORE_DTYPE if self.kv_store_dtype == "auto" else self.kv_store_dtype
 
     def to_dict(self) -> dict[str, Any]:
         """The TOML table: every key, except those left to a default (None: TOML has no null)."""

@@ -10,6 +10,7 @@ no-op. After a model change the same query finds every fact stale, and they are 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -22,7 +23,7 @@ from inferscale_core.composer import fact_line
 from inferscale_core.context_window import ANCHORED, encoding_version
 from inferscale_core.extractor import Extractor, FactOp
 from inferscale_core.factlog import FactLog, InactiveFactError
-from inferscale_core.kvstore import KVStore
+from inferscale_core.kvstore import EntryMissingError, KVStore
 from inferscale_core.prompt_builder import MemoryFact, PromptBuilder
 from inferscale_core.retriever import Retriever
 from inferscale_core.types import Fact, Turn
@@ -41,6 +42,8 @@ class WorkerStats:
     encode_rate: float = 0.0  # facts per second over the recent batches
     errors: int = 0
     last_error: str | None = None
+    to_convert: int = 0  # stored entries of another kv_store_dtype, left to rewrite
+    converted: int = 0
     running: bool = False
     paused: bool = False
 
@@ -125,6 +128,8 @@ class MemoryWorker:
         self._wakes = 0
         self._idle_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        # (fact id, key, stored scheme) of entries to rewrite (_convert_batch)
+        self._to_convert: list[tuple[int, str, str]] | None = None
 
     @property
     def encoding(self) -> str:
@@ -186,6 +191,8 @@ class MemoryWorker:
                 wakes = self._wakes  # before the batch looks at the log
                 try:
                     did = self._extract_batch(factlog) + self._encode_batch(factlog)
+                    if not did:  # nothing new: rewrite older entries in today's kv_store_dtype
+                        did = self._convert_batch(factlog)
                     self._refresh_counts(factlog)
                 except _ChatTurn:  # a chat turn: the batch is redone after it
                     continue
@@ -216,6 +223,44 @@ class MemoryWorker:
                 self.profile_id, self.builder.fingerprint, self.w, self.encoding
             )
         )
+
+    def _convert_batch(self, factlog: FactLog) -> int:
+        """Rewrite up to a batch of this profile's entries stored in another scheme than the
+        store writes (``kv_store_dtype`` changed, or entries from before compression): from
+        their own tensors, no re-encoding. The list is made once per worker (headers only);
+        a stopped conversion goes on where it was at the next start, since converted entries
+        are not listed again."""
+        if self._to_convert is None:
+            ids = [fact.id for fact in factlog.active_facts(self.profile_id)]
+            keys = factlog.kv_keys_for(ids, self.builder.fingerprint, self.w, self.encoding)
+            wanted = self.store.store_dtype
+            self._to_convert = []
+            for fact_id, key in sorted(keys.items(), key=lambda item: item[1]):
+                with contextlib.suppress(EntryMissingError, ValueError):
+                    scheme = self.store.stored_scheme(key)
+                    if scheme != wanted:
+                        self._to_convert.append((fact_id, key, scheme))
+            self.stats.to_convert = len(self._to_convert)
+        converted, again = 0, []
+        while self._to_convert and converted + len(again) < self.batch_size:
+            if self._pauses:  # a chat turn: the rest waits for the next idle moment
+                break
+            fact_id, key, scheme = self._to_convert.pop()
+            if scheme != "model":  # compressed: encoded anew (lossy codes are not converted)
+                again.append(fact_id)
+                continue
+            with contextlib.suppress(EntryMissingError):  # forgotten meanwhile
+                converted += self.store.convert(key)
+        facts = [f for i in again if (f := factlog.get_fact(i)) and f.status == "active"]
+        if facts:
+            self._step_aside()
+            memory = [self._memory_fact(factlog, fact) for fact in facts]
+            spaces = [f"{fact.profile_id}/{fact.id}" for fact in facts]
+            self.builder.encode_many(memory, spaces, again=True)  # same keys, rewritten
+            converted += len(facts)
+        self.stats.converted += converted
+        self.stats.to_convert = len(self._to_convert)
+        return converted + len(again)
 
     def _extract_batch(self, factlog: FactLog) -> int:
         cursor = factlog.extraction_cursor(self.profile_id)

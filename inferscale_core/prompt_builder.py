@@ -88,6 +88,8 @@ class PromptBuilder:
         token ids, other KV: without it the cache would serve one for the other)."""
         encoding = encoding_version(self.encoder.version, w, window)
         salt = f"inferscale/{encoding}/{self.fingerprint}/w{w}"
+        if self.store.store_dtype != "model":  # compressed entries: other KV, other blocks
+            salt = f"{salt}/{self.store.store_dtype}"
         salt = f"{salt}/r{recompute}" if recompute else salt
         return f"{salt}/{self.salt_scope}" if self.salt_scope else salt
 
@@ -109,9 +111,13 @@ class PromptBuilder:
         return self.encode_many([fact], namespace)[0]
 
     def encode_many(
-        self, facts: Sequence[MemoryFact], namespace: str | Sequence[str] = ""
+        self,
+        facts: Sequence[MemoryFact],
+        namespace: str | Sequence[str] = "",
+        again: bool = False,
     ) -> list[tuple[str, list[int]]]:
-        """Keys and token ids of ``facts``; the ones not in the store are encoded in batches.
+        """Keys and token ids of ``facts``; the ones not in the store are encoded in batches
+        (``again``: all of them, replacing what is stored, e.g. in another store dtype).
 
         ``namespace`` (one for all, or one per fact) goes into the key, so that two profiles'
         identical facts never share a file that forgetting one of them would delete.
@@ -125,7 +131,9 @@ class PromptBuilder:
             planned.append((entry_key("fact", self.fingerprint, *material), context, ids))
         # In the order given: consecutive facts of a conversation share context turns, which
         # the engine's prefix cache then computes once for the whole wave.
-        missing = list({item[0]: item for item in planned if not self.store.has(item[0])}.values())
+        missing = list(
+            {item[0]: item for item in planned if again or not self.store.has(item[0])}.values()
+        )
         for start in range(0, len(missing), self.batch_size):
             batch = missing[start : start + self.batch_size]
             self.encoder.encode([EncodeItem(key, ctx, ids) for key, ctx, ids in batch])

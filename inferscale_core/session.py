@@ -209,7 +209,15 @@ class Session:
             else:
                 lines.append(fact_line(fact.text, fact.refers_to))
                 used.append(InjectedFact(fact.id, fact.text, when, hit.score, "text"))
+        self._encode_lost()
         return entries, lines, used
+
+    def _encode_lost(self) -> None:
+        """Entries the store found damaged (and deleted) are encoded again: their facts go in
+        as text until then."""
+        lost = self.store.lost()
+        if lost and self.factlog.drop_kv_locations(lost) and self.worker is not None:
+            self.worker.wake()
 
     def ask(
         self, conversation_id: int | None, text: str, *, log: bool = True

@@ -57,14 +57,21 @@ class Assistant:
     engine: Engine
 
 
-def open_store(model_dir: Path, root: Path | None = None, gpu_bytes: int = 0) -> KVStore:
-    """The KV store of a model: ``<root>/<model fingerprint>`` (root: the data folder's kv/)."""
+def open_store(
+    model_dir: Path, root: Path | None = None, gpu_bytes: int = 0, store_dtype: str = "model"
+) -> KVStore:
+    """The KV store of a model: ``<root>/<model fingerprint>`` (root: the data folder's kv/),
+    writing entries as ``store_dtype`` (``AppConfig.store_dtype``)."""
     from inferscale_core.fingerprint import model_fingerprint
 
     fingerprint = model_fingerprint(model_dir)
     root = Path(root) if root is not None else paths.kv_dir()
     return KVStore(
-        root / fingerprint, HOST_TIER_BYTES, gpu_bytes=gpu_bytes, fingerprint=fingerprint
+        root / fingerprint,
+        HOST_TIER_BYTES,
+        gpu_bytes=gpu_bytes,
+        fingerprint=fingerprint,
+        store_dtype=store_dtype,
     )
 
 
@@ -74,6 +81,7 @@ def _engine_options(model_dir: Path, store: KVStore, **options: Any) -> EngineOp
     connector = dict(options.pop("connector_extra", {}))
     if store.device_tier is not None:  # the connector's own store gets the same pool size
         connector.setdefault("gpu_bytes", store.device_tier.budget)
+    connector.setdefault("store_dtype", store.store_dtype)  # and writes entries alike
     return EngineOptions(
         model_dir, store.root, store.fingerprint, connector_extra=connector, **options
     )
@@ -87,7 +95,7 @@ def engine_options(
     from inferscale_core.model_files import resolve_model
 
     model_dir = resolve_model(config.model)
-    store = open_store(model_dir, store_root, config.gpu_pool_bytes)
+    store = open_store(model_dir, store_root, config.gpu_pool_bytes, config.store_dtype)
     return _engine_options(model_dir, store, **options)
 
 
@@ -133,7 +141,7 @@ def build(
 
     on_step(STEPS[0])
     model_dir = resolve_model(config.model, progress=model_progress)
-    store = open_store(model_dir, store_root, config.gpu_pool_bytes)
+    store = open_store(model_dir, store_root, config.gpu_pool_bytes, config.store_dtype)
     on_step(STEPS[1])
     engine = start_engine(model_dir, store, serving=serving, **engine_options)
     on_step(STEPS[2])

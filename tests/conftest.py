@@ -56,7 +56,11 @@ def runtime(smollm2_path: Path, inferscale_home: Path):
     from inferscale_core import wiring
     from inferscale_core.config import AppConfig
 
-    return wiring.build(AppConfig(), store_root=inferscale_home / "test-kv", max_model_len=4096)
+    # Entries in the model's dtype: the exactness tests compare them with a full prefill (the
+    # compressed ones have tests of their own, and the app's default is exercised by the TUI
+    # and serve tests).
+    config = AppConfig(kv_store_dtype="model")
+    return wiring.build(config, store_root=inferscale_home / "test-kv", max_model_len=4096)
 
 
 @pytest.fixture(scope="session")

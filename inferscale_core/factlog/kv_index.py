@@ -128,6 +128,23 @@ class KVIndexMixin(FactLogBase):
         ).fetchall()
         return [(r[0], r[1]) for r in rows]
 
+    def drop_kv_locations(self, locations: Sequence[str]) -> list[int]:
+        """Forget the rows of entries whose tensors are gone (a damaged file the store
+        deleted), so their facts count as not encoded and are encoded again; returns those
+        facts' ids."""
+        facts: set[int] = set()
+        unique = list(dict.fromkeys(locations))
+        with self.transaction():
+            for start in range(0, len(unique), 500):
+                chunk = unique[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                rows = self.db.execute(
+                    f"SELECT fact_id FROM kv_entries WHERE location IN ({marks})", chunk
+                ).fetchall()
+                facts.update(r[0] for r in rows)
+                self.db.execute(f"DELETE FROM kv_entries WHERE location IN ({marks})", chunk)
+        return sorted(facts)
+
     def prune_kv(self, profile_id: int) -> list[str]:
         """Delete the KV rows of the profile's facts that are no longer active (superseded by
         :meth:`update_fact`); return their keys so the caller can delete the tensors."""

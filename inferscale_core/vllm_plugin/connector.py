@@ -63,6 +63,7 @@ class InferScaleConnector(KVConnectorBase_V1):
             host_bytes=int(extra.get("host_bytes", 1 << 30)),
             gpu_bytes=int(extra.get("gpu_bytes", 0)),  # device pool; absent without CUDA
             fingerprint=fingerprint,
+            store_dtype=str(extra.get("store_dtype", "model")),
         )
         spec, refusal = None, None
         try:

@@ -33,9 +33,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from inferscale_core.kvstore import KVStore
+from inferscale_core.kvstore.quant import dequantize, dequantize_into
 from inferscale_core.model_spec import ModelSpec
 from inferscale_core.rope import RopeSpec, cos_sin, pure_rotation, shift
 from inferscale_core.tp_heads import RankHeads, rank_heads, slice_heads
+from inferscale_core.types import FactKV
 from inferscale_core.vllm_plugin import fused_inject
 from inferscale_core.vllm_plugin.capture import CacheReader, EntryWriter, capture
 from inferscale_core.vllm_plugin.fused_inject import FusedInjector, SourcePiece
@@ -313,6 +315,9 @@ class InjectionWorker:
         else:
             entries = self.store.get_many([piece.key for piece in op.pieces])
             device = injector.device
+            dtype = injector.caches[0].dtype
+            # compressed entries cross to the device as codes, and expand there
+            entries = [e if e.quant is None else dequantize(e, dtype, device) for e in entries]
             pieces = [
                 SourcePiece(
                     _on(entry.k, device),
@@ -335,7 +340,7 @@ class InjectionWorker:
         device, dtype = first_cache.device, first_cache.dtype
         self._check_blocks(op)
         entries = self.store.get_many([piece.key for piece in op.pieces])
-        num_layers, _, stored_heads, head_dim = entries[0].k.shape
+        num_layers, _, stored_heads, head_dim = _shape(entries[0])
         if num_layers != len(layers):
             raise RuntimeError(
                 f"stored KV has {num_layers} layers for {len(layers)}; the scheduler should"
@@ -350,7 +355,8 @@ class InjectionWorker:
         kv_heads = heads.count
         tokens = op.end - op.start
         k_post = self._scratch("k", (num_layers, tokens, kv_heads, head_dim), dtype, device)
-        v_all = self._scratch("v", (num_layers, tokens, kv_heads, entries[0].v.shape[-1]), dtype)
+        v_dim = entries[0].v.shape[-1] if entries[0].quant is None else entries[0].quant.v_dim
+        v_all = self._scratch("v", (num_layers, tokens, kv_heads, v_dim), dtype)
         # On a CPU with an fp32 cache, vLLM's own RoPE kernel re-rotates in place over our fp32
         # table: 6.2 ms against 19.3 ms for ``rotate`` at k=50 on SmolLM2 (dev CPU, 2 cores),
         # ~7% of that request's TTFT; within an fp32 ulp of ``rotate`` (the AVX-512 build:
@@ -360,6 +366,14 @@ class InjectionWorker:
         for piece, entry in zip(op.pieces, entries, strict=True):
             at = piece.dst_start - op.start
             n = piece.src_end - piece.src_start
+            if entry.quant is not None:
+                if in_place and heads.full and entry.k.device == device:
+                    # expanded straight into the scratch: the copy a plain entry needs
+                    k_out, v_out = k_post[:, at : at + n], v_all[:, at : at + n]
+                    dequantize_into(entry, piece.src_start, piece.src_end, k_out, v_out)
+                    shifts[at : at + n] = piece.shift
+                    continue
+                entry = dequantize(entry, dtype, device)
             k_rank, v_rank = slice_heads(entry.k, heads), slice_heads(entry.v, heads)  # views
             k_stored = k_rank[:, piece.src_start : piece.src_end].to(device, non_blocking=True)
             if in_place:
@@ -440,6 +454,12 @@ class VllmRotary:
         tokens, heads, dim = k.shape
         rows = shifts + self._reach
         self._op(rows, k.view(tokens, heads * dim), None, dim, table, spec.is_neox_style)
+
+
+def _shape(entry: FactKV) -> tuple[int, int, int, int]:
+    """``[layers, tokens, kv_heads, head_dim]`` of an entry's keys, compressed or not."""
+    layers, tokens, heads, dim = entry.k.shape
+    return layers, tokens, heads, dim if entry.quant is None else entry.quant.k_dim
 
 
 def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -50,7 +50,8 @@ def run_checks(
     # On a GPU the store gets its device pool, so the fused load reads entries in place.
     pool_gib = 0.25 if torch.cuda.is_available() else 0
     runtime = wiring.build(
-        AppConfig(model=str(model_dir), gpu_pool_gib=pool_gib),
+        # the model's own dtype: exactness is checked against a full prefill
+        AppConfig(model=str(model_dir), gpu_pool_gib=pool_gib, kv_store_dtype="model"),
         store_root=workdir / "kv",
         system_prompt="You are a test model. Memory:",
         max_model_len=2048,
