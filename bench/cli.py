@@ -471,6 +471,48 @@ def _run_locomo(args: argparse.Namespace, console: Console) -> int:
     return _finish(result, args, console, locomo)
 
 
+def _run_kv_quant(args: argparse.Namespace, console: Console) -> int:
+    from bench import kv_quant
+    from bench.report import command_line
+
+    ks = _ks(args, args.k)
+    schemes = parse_names(args.schemes)
+    unknown = set(schemes) - {"fp8", "int4"}
+    if unknown or not schemes:
+        args.parser.error(f"--schemes takes fp8 and int4; got {args.schemes!r}")
+    data = _data(args)
+    runtime = _open_runtime(args, console)
+    with console.status("benchmarking…") as status:
+        result = kv_quant.run_kv_quant(
+            runtime.builder,
+            runtime.engine,
+            runtime.store,
+            data,
+            sample=args.sample,
+            seed=args.seed,
+            ks=ks,
+            w=_windows(args, args.w)[0],
+            schemes=schemes,
+            max_tokens=args.max_tokens,
+            logprobs=args.logprobs,
+            model_name=runtime.model_dir.name,
+            command=command_line(),
+            on_progress=status.update,
+        )
+    rows = [{"cell": name, **cell} for name, cell in result["cells"].items()]
+    _table(
+        "KV compression: KL(model ‖ scheme) and agreement",
+        rows,
+        {
+            "cell": lambda r: r["cell"],
+            "KL/token": lambda r: f"{r['kl_mean_per_token']:.4f}",
+            "top-1": lambda r: f"{r['top1_agree']:.1%}",
+            "same answer": lambda r: f"{r['same_answer']:.0%}",
+        },
+    )
+    return _finish(result, args, console, kv_quant)
+
+
 def _rescore(args: argparse.Namespace, console: Console) -> int:
     from bench import locomo
     from bench.report import command_line
@@ -775,6 +817,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     rec.add_argument("--seed", type=int, default=0, help="seed of the timed questions (0)")
     _files(rec)
     rec.set_defaults(func=_run_recall, parser=rec)
+
+    kvq = bench_sub.add_parser(
+        "kvquant",
+        help="compressed KV entries (fp8, int4): next-token KL and size against the model's",
+        description="Injects the same retrieved LoCoMo facts with every entry stored as the"
+        " model computed it, then as each compressed scheme, and compares the answers' next-token"
+        " distributions (KL, top-1 agreement) and the bytes an entry takes.",
+    )
+    kvq.add_argument("--sample", type=int, default=40, help="questions, seeded (40)")
+    kvq.add_argument("--k", default="5,20,50", help="comma-separated numbers of facts")
+    kvq.add_argument("--w", default="20a", help="the facts' context window (20a: anchored)")
+    kvq.add_argument("--schemes", default="fp8,int4", help="compressed schemes (fp8,int4)")
+    kvq.add_argument("--max-tokens", type=int, default=16, help="answer length limit (16)")
+    kvq.add_argument("--logprobs", type=int, default=20, help="top logprobs for the KL (20)")
+    kvq.add_argument("--data", type=Path, help=data_help)
+    _outputs(kvq)
+    kvq.set_defaults(func=_run_kv_quant, parser=kvq)
 
     loc = bench_sub.add_parser(
         "locomo",

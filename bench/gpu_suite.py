@@ -281,6 +281,79 @@ class Suite:
             print(f"recompute k={k}: " + ", ".join(line), flush=True)
         return summary
 
+    def compressed(
+        self,
+        k: int = 50,
+        runs: int = 15,
+        facts: int = 120,
+        schemes: Sequence[str] = ("model", "int4", "fp8"),
+    ) -> dict[str, Any]:
+        """TTFT at ``k`` with the facts' entries stored as each scheme, from each tier: the GPU
+        pool, pinned host RAM, and disk with the files out of the page cache
+        (``posix_fadvise(DONTNEED)``: cold). The same random KV is written once per scheme under
+        keys of its own; every (scheme, tier) cell in turn within each repetition, each after
+        the same small untimed request (as :meth:`ttft`)."""
+        pools: dict[str, list[tuple[str, list[int]]]] = {}
+        sizes: dict[str, float] = {}
+        for scheme in schemes:
+            pools[scheme] = []
+            for key, ids in self.pool[:facts]:
+                entry = self.store.get(key)
+                named = f"{key}-{scheme}"
+                self.store.put(
+                    FactKV(named, ids, entry.k, entry.v, entry.fingerprint, entry.origin),
+                    scheme=scheme,
+                )
+                pools[scheme].append((named, ids))
+            sizes[scheme] = statistics.fmean(
+                self.store.header(key).nbytes for key, _ in pools[scheme]
+            )
+        settle = self.request(0).prompt_ids
+        prefix = (self.prefix_key, self.prefix_ids)
+        tiers = ("device", "host", "disk")
+        samples: dict[str, list[float]] = {f"{s}/{t}": [] for s in schemes for t in tiers}
+        for _ in range(3):  # warm-up: every scheme's own salt, the dequantize path
+            for scheme in schemes:
+                facts_ = self.rng.sample(pools[scheme], k)
+                question = _ids(self.rng, QUESTION_TOKENS)
+                self._ttft(layout_request(prefix, facts_, question, f"gpu-suite-{scheme}"))
+        for _ in range(runs):
+            for scheme in schemes:
+                for tier in tiers:
+                    facts_ = self.rng.sample(pools[scheme], k)
+                    question = _ids(self.rng, QUESTION_TOKENS)
+                    composed = layout_request(prefix, facts_, question, f"gpu-suite-{scheme}")
+                    keys = [key for key, _ in facts_]
+                    if tier == "device":
+                        self.store.prefetch(keys)
+                    elif tier == "host":
+                        self.store.demote(keys, "host", pin=True)
+                    else:
+                        self.store.demote(keys, "disk")
+                        _drop_page_cache([self.store.path(key) for key in keys])
+                    self._ttft(settle)
+                    ttft, result = self._ttft(composed)
+                    assert result.refused is None, result.refused
+                    samples[f"{scheme}/{tier}"].append(ttft)
+        cells = {
+            name: {
+                "ttft_s_median": statistics.median(values),
+                "ttft_s_p90": percentile(values, 0.9),
+                "samples": values,
+            }
+            for name, values in samples.items()
+        }
+        for name, cell in cells.items():
+            scheme, tier = name.split("/")
+            base = cells[f"model/{tier}"]["ttft_s_median"]
+            cell["vs_model"] = round(cell["ttft_s_median"] / base, 3)
+        print(
+            "compressed k=50: "
+            + ", ".join(f"{n} {c['ttft_s_median'] * 1e3:.1f} ms" for n, c in cells.items()),
+            flush=True,
+        )
+        return {"k": k, "runs": runs, "bytes_per_entry": sizes, "cells": cells}
+
     def load_times(self, k: int = 50, runs: int = 10) -> dict[str, Any]:
         """The connector's whole load at k (ms, device-synced around it, timed from outside),
         entries in the GPU pool vs in pinned host RAM."""
@@ -472,6 +545,17 @@ class Suite:
         return out
 
 
+def _drop_page_cache(paths: Sequence[Path]) -> None:
+    """Evict the files' pages from the page cache (their next read comes from the disk)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def _pinned_bandwidth(nbytes: int = 360 << 20, runs: int = 5) -> float:
     """Measured pinned host -> device copy bandwidth (GB/s): the floor of the host tier."""
     src = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
@@ -538,7 +622,10 @@ def summarize_recompute(
     }
 
 
-PARTS = ("ttft", "load", "kernel", "unfused", "profile", "throughput", "recompute", "anatomy")
+PARTS = (
+    "ttft", "load", "kernel", "unfused", "profile", "throughput", "recompute", "anatomy",
+    "compressed",
+)  # fmt: skip
 DEFAULT_PARTS = ("ttft", "load", "kernel", "unfused", "profile", "throughput")
 
 
@@ -621,6 +708,9 @@ def main(out: Path) -> None:
         result["throughput"] = suite.throughput()
     if "recompute" in parts:
         result["recompute"] = suite.recompute(**grid)
+    if "compressed" in parts:
+        result["compressed"] = suite.compressed()
+        save()
     result["store_stats"] = repr(suite.store.stats())
     save()
     print("wrote", out / "gpu_suite.json", flush=True)

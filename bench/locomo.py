@@ -28,7 +28,7 @@ Every cell also keeps the median tokens the engine prefilled (``computed_tokens_
 loaded from the store (``injected_tokens_median``): the hybrid's price in prefill.
 Where the injected run's greedy answer leaves the prompt-injection answer, a new injected
 request continues from the prompt-injection answer's tokens (so every position is scored
-on the same prefix), reusing the cached span (:class:`_Forcing`).
+on the same prefix), reusing the cached span (:class:`Forcing`).
 
 Questions are answered ``batch`` at a time, every request of a round submitted to the engine
 at once (decoding is memory-bound on a CPU: a batch costs little more than one request). So
@@ -251,7 +251,7 @@ def _encode_all(
             builder.encode_many(pending[start : start + chunk])
 
 
-class _Forcing:
+class Forcing:
     """Q's next-token distributions along the prompt-injection answer (the target).
 
     The injected answer's own logprobs serve as long as its tokens equal the target's; at
@@ -346,12 +346,12 @@ def _answer_chunk(
     for key, result in results.items():
         if result.refused:
             raise RuntimeError(f"injection refused for {key}: {result.refused}")
-    forcing: dict[tuple[int, str], _Forcing] = {}
+    forcing: dict[tuple[int, str], Forcing] = {}
     if settings["kl"]:
         for (i, cell), result in results.items():
             if not cell.startswith("prompt@"):
                 baseline = results[(i, "prompt@" + cell.split("@")[1])]
-                forcing[(i, cell)] = _Forcing(prompts[(i, cell)], baseline.token_ids)
+                forcing[(i, cell)] = Forcing(prompts[(i, cell)], baseline.token_ids)
                 forcing[(i, cell)].feed(result)
         while pending := {key: f.next_prompt() for key, f in forcing.items() if f.next_prompt()}:
             longest = max(len(f.target) - len(f.steps) for f in forcing.values())

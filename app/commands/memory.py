@@ -1,4 +1,4 @@
-"""``inferscale-assistant memory list|search|forget|export``: the memory without the UI.
+"""``inferscale-assistant memory list|search|forget|export|stats``: the memory without the UI.
 
 Works on the fact log at ``data_dir()/memory.db`` and the config's profile (``--profile``
 overrides it); no engine is started. ``forget`` removes a fact everywhere the TUI's memory
@@ -124,6 +124,79 @@ def run_export(log: FactLog, pid: int, args: argparse.Namespace, console: Consol
     return 0
 
 
+def run_stats(log: FactLog, pid: int, args: argparse.Namespace, console: Console) -> int:
+    """How many memories, and what their KV takes on disk: per model, per stored scheme."""
+    import shutil
+
+    from inferscale_core.kvstore.entry_file import usage
+
+    config = load_config(console)
+    if config is None:
+        return 2
+    kv_root = paths.kv_dir()
+    models = []
+    for folder in sorted(p for p in kv_root.iterdir() if p.is_dir()):
+        found = usage(folder)
+        if not found.entries:
+            continue
+        models.append(
+            {
+                "fingerprint": folder.name,
+                "entries": found.entries,
+                "disk_bytes": found.file_bytes,
+                "tokens": found.tokens,
+                "bytes_per_entry": round(found.file_bytes / found.entries),
+                "bytes_per_token": round(found.payload / found.tokens) if found.tokens else 0,
+                "by_dtype": {
+                    scheme: {"entries": n, "disk_bytes": size}
+                    for scheme, (n, size) in sorted(found.by_scheme.items())
+                },
+            }
+        )
+    facts = log.active_facts(pid)
+    report = {
+        "profile": args.profile_name,
+        "facts": len(facts),
+        "kv_store_dtype": config.kv_store_dtype,
+        "writes_as": config.store_dtype,
+        "disk_bytes": sum(m["disk_bytes"] for m in models),
+        "disk_free_bytes": shutil.disk_usage(kv_root).free,
+        "models": models,
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    out = Console()
+    out.print(
+        f"{report['facts']} memories in profile {escape(report['profile'])};"
+        f" KV entries kept as {config.store_dtype} (kv_store_dtype = {config.kv_store_dtype})"
+    )
+    table = Table(title="KV entries on disk (all profiles), per model", title_justify="left")
+    for name in ("model", "entries", "on disk", "per entry", "per token", "stored as"):
+        table.add_column(name, justify="right" if name != "model" else "left")
+    for m in models:
+        kinds = ", ".join(f"{scheme} {d['entries']}" for scheme, d in m["by_dtype"].items())
+        table.add_row(
+            m["fingerprint"][:16],
+            str(m["entries"]),
+            _size(m["disk_bytes"]),
+            _size(m["bytes_per_entry"]),
+            _size(m["bytes_per_token"]),
+            kinds,
+        )
+    out.print(table)
+    out.print(f"{_size(report['disk_bytes'])} in all; {_size(report['disk_free_bytes'])} free")
+    return 0
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
 def _run(args: argparse.Namespace, console: Console) -> int:
     profile = _profile(args, console)
     if profile is None:
@@ -176,3 +249,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     export.add_argument("-o", "--output", help="write to this file (mode 600) instead of stdout")
     export.set_defaults(func=_run, action=run_export)
+    stats = actions.add_parser(
+        "stats",
+        help="how many memories, and the disk their KV takes",
+        description="The profile's memories, and the KV entries on disk per model: entries,"
+        " bytes, bytes per entry and per token, how many are stored in each dtype (model,"
+        " fp8, int4; `kv_store_dtype` in the settings says which new ones get).",
+    )
+    stats.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    stats.set_defaults(func=_run, action=run_stats)

@@ -1,0 +1,224 @@
+"""``bench kvquant``: what compressing the stored KV costs in fidelity, and what it saves.
+
+The same LoCoMo facts (the product's retrieval, top ``max(ks)`` of each sampled question,
+encoded through the engine after their context window, as the memory worker does) are
+injected with every entry stored as the model computed it (``model``), then rewritten as each
+compressed scheme (:mod:`inferscale_core.kvstore.quant`) under the same keys, and injected
+again. Every fact is injected (no recompute), so the whole effect of compression shows.
+
+Measured per scheme and k, against ``model`` in the same run and engine: mean next-token
+KL(model ‖ scheme) per answer token along the model answer (teacher-forced where the answers
+part, as ``bench locomo`` does), how often the argmaxes agree, how often the greedy answers are
+identical; and per scheme the stored bytes of an entry (mean), a token, and the ratio to the
+model's. Each scheme's requests carry their own cache salt (the store's dtype is in it), so
+vLLM's prefix cache never serves one scheme's blocks to another.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench import locomo_data
+from bench.arguments import window_of
+from bench.locomo import Forcing
+from bench.report import provenance
+from inferscale_core.kvstore import KVStore
+from inferscale_core.kvstore.quant import quantize
+from inferscale_core.prompt_builder import PromptBuilder
+from inferscale_core.types import FactKV
+
+
+def run_kv_quant(
+    builder: PromptBuilder,
+    engine: Any,
+    store: KVStore,
+    data: Path | str,
+    *,
+    sample: int | None = 40,
+    seed: int = 0,
+    ks: Sequence[int] = (5, 20, 50),
+    w: int | str = "20a",
+    schemes: Sequence[str] = ("fp8", "int4"),
+    max_tokens: int = 16,
+    logprobs: int = 20,
+    model_name: str = "",
+    command: str | None = None,
+    on_progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """Fidelity and size of each compressed scheme against the model's own KV (see module)."""
+    chosen = locomo_data.sample_questions(
+        locomo_data.questions(locomo_data.load(data)), sample, seed
+    )
+    window_w, window = window_of(w)
+    written = store.store_dtype
+    store.store_dtype = "model"
+    try:
+        with locomo_data.temporary_memory(data, chosen) as memory:
+            on_progress("retrieving…")
+            hits = locomo_data.retrieve(memory, locomo_data.default_embedder(), chosen, max(ks))
+            facts = {
+                q.id: [memory.memory_fact(h.fact, window_w, window) for h in hits[q.id]]
+                for q in chosen
+            }
+        unique = list({f: None for q in chosen for f in facts[q.id]})
+        for start in range(0, len(unique), 64):
+            on_progress(f"encoding facts {start + 1}-{start + 64} of {len(unique)}")
+            builder.encode_many(unique[start : start + 64])
+        keys = sorted({key for key, _ in builder.encode_many(unique)})
+        # An entry an earlier run left compressed is no baseline: those facts are encoded anew.
+        stale = {key for key in keys if store.stored_scheme(key) != "model"}
+        if stale:
+            on_progress(f"encoding {len(stale)} facts anew in the model's dtype")
+            pairs = zip(unique, builder.encode_many(unique), strict=True)
+            builder.encode_many([f for f, (key, _) in pairs if key in stale], again=True)
+            deadline = time.monotonic() + 60  # the old files stand until the new are written
+            while any(store.stored_scheme(key) != "model" for key in stale):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("entries encoded anew were not written within 60 s")
+                time.sleep(0.05)
+        originals = {key: _owned(store.get(key)) for key in keys}
+        assert all(entry.quant is None for entry in originals.values())
+        cells: dict[str, dict[str, Any]] = {}
+        sizes: dict[str, dict[str, float]] = {}
+        baseline: dict[tuple[str, int], Any] = {}
+        for scheme in ("model", *schemes):
+            on_progress(f"{scheme}: writing {len(keys)} entries")
+            for key in keys:
+                store.put(quantize(originals[key], scheme), scheme=scheme)
+            store.store_dtype = scheme  # in the cache salt: blocks of its own
+            sizes[scheme] = _sizes(store, keys)
+            for k in ks:
+                on_progress(f"{scheme}: answering {len(chosen)} questions at k={k}")
+                prompts = {
+                    q.id: builder.build(facts[q.id][-k:], _question(q), w=window_w, window=window)
+                    for q in chosen
+                }
+                gen = {"max_tokens": max_tokens, "logprobs": logprobs, "temperature": 0.0}
+                results = engine.generate_batch(list(prompts.values()), **gen)
+                for result in results:
+                    if result.refused:
+                        raise RuntimeError(f"{scheme} k={k}: injection refused: {result.refused}")
+                if scheme == "model":
+                    baseline.update({(q.id, k): r for q, r in zip(chosen, results, strict=True)})
+                    continue
+                cells[f"{scheme}@k{k}"] = _compare(
+                    engine, prompts, chosen, results, baseline, k, gen
+                )
+    finally:
+        store.store_dtype = written
+    model_bytes = sizes["model"]["bytes_per_entry"]
+    for size in sizes.values():
+        size["smaller_than_model"] = round(model_bytes / size["bytes_per_entry"], 3)
+    settings = {"sample": sample, "seed": seed, "ks": list(ks), "w": str(w)}
+    settings["schemes"] = list(schemes)
+    return {
+        **provenance("kvquant", model_name, command),
+        "settings": settings,
+        "questions": len(chosen),
+        "entries": len(keys),
+        "sizes": sizes,
+        "cells": cells,
+    }
+
+
+def _question(q: locomo_data.Question) -> str:
+    from bench.locomo import user_text
+
+    return user_text(q)
+
+
+def _compare(
+    engine: Any,
+    prompts: dict[str, Any],
+    chosen: Sequence[locomo_data.Question],
+    results: Sequence[Any],
+    baseline: dict[tuple[str, int], Any],
+    k: int,
+    gen: dict[str, Any],
+) -> dict[str, Any]:
+    """KL and agreement of one scheme's answers at ``k`` with the model's."""
+    forcing = {}
+    for q, result in zip(chosen, results, strict=True):
+        forcing[q.id] = Forcing(prompts[q.id], baseline[(q.id, k)].token_ids)
+        forcing[q.id].feed(result)
+    while pending := {key: f.next_prompt() for key, f in forcing.items() if f.next_prompt()}:
+        longest = max(len(f.target) - len(f.steps) for f in forcing.values())
+        batch = engine.generate_batch(list(pending.values()), **{**gen, "max_tokens": longest})
+        for key, result in zip(pending, batch, strict=True):
+            forcing[key].feed(result)
+    kls, agree = [], []
+    for q in chosen:
+        report = forcing[q.id].report(baseline[(q.id, k)])
+        kls.extend(report["per_token"])
+        agree.extend(report["top1_agree"])
+    same = sum(
+        baseline[(q.id, k)].token_ids == r.token_ids for q, r in zip(chosen, results, strict=True)
+    )
+    return {
+        "kl_mean_per_token": round(statistics.fmean(kls), 6) if kls else None,
+        "kl_p90": round(sorted(kls)[int(0.9 * (len(kls) - 1))], 6) if kls else None,
+        "top1_agree": round(sum(agree) / len(agree), 4) if agree else None,
+        "same_answer": round(same / len(chosen), 4),
+        "tokens": len(kls),
+    }
+
+
+def _sizes(store: KVStore, keys: Sequence[str]) -> dict[str, float]:
+    headers = [store.header(key) for key in keys]
+    payload = sum(h.nbytes for h in headers)
+    tokens = sum(len(h.token_ids) for h in headers)
+    files = sum(store.path(key).stat().st_size for key in keys)
+    return {
+        "bytes_per_entry": round(payload / len(keys), 1),
+        "bytes_per_token": round(payload / tokens, 1),
+        "file_bytes_per_entry": round(files / len(keys), 1),
+        "tokens_per_entry": round(tokens / len(keys), 1),
+    }
+
+
+def _owned(entry: FactKV) -> FactKV:
+    """A copy of the entry's tensors (the store's own may be rewritten under it)."""
+    from inferscale_core.kvstore.quant import map_tensors
+
+    return map_tensors(entry, lambda t: t.clone())
+
+
+def headline(result: dict[str, Any]) -> str:
+    sizes, cells = result["sizes"], result["cells"]
+    parts = []
+    for scheme in result["settings"]["schemes"]:
+        kl = [c["kl_mean_per_token"] for n, c in cells.items() if n.startswith(scheme + "@")]
+        top1 = [c["top1_agree"] for n, c in cells.items() if n.startswith(scheme + "@")]
+        parts.append(
+            f"{scheme}: {sizes[scheme]['smaller_than_model']:.2f}x smaller,"
+            f" KL {min(kl):.4f}-{max(kl):.4f} nats, top-1 {min(top1):.1%}-{max(top1):.1%}"
+        )
+    return f"kvquant, {result['questions']} questions: " + "; ".join(parts)
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Mean KL per answer token (left) and top-1 agreement (right) per k, one bar per scheme."""
+    from bench.report import figure, save_figure
+
+    fig, (left, right) = figure(11, 4.2, ncols=2)
+    ks = result["settings"]["ks"]
+    schemes = result["settings"]["schemes"]
+    width = 0.8 / len(schemes)
+    for i, scheme in enumerate(schemes):
+        cells = [result["cells"][f"{scheme}@k{k}"] for k in ks]
+        xs = [j + i * width for j in range(len(ks))]
+        size = result["sizes"][scheme]["smaller_than_model"]
+        label = f"{scheme} ({size:.1f}x smaller)"
+        left.bar(xs, [c["kl_mean_per_token"] for c in cells], width, label=label)
+        right.bar(xs, [c["top1_agree"] for c in cells], width, label=label)
+    axes = ((left, "mean KL(model ‖ scheme) per answer token, nats"), (right, "top-1 agreement"))
+    for ax, name in axes:
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(ks))], [f"k={k}" for k in ks])
+        ax.set_ylabel(name)
+        ax.legend()
+    fig.suptitle(f"Compressed KV entries, {result['questions']} LoCoMo questions")
+    save_figure(fig, path)
