@@ -6,8 +6,9 @@ memory worker. The front sits behind the same :class:`~app.serve.edge.Edge` as e
 process: a request without a valid token gets its 401 there, and one over its size limit its
 413, before its body is read. Then it goes on over its user's process's Unix socket, which
 checks it again and answers: a body up to :data:`BUFFERED_BYTES` whole, a larger one (an
-import) streamed as it arrives, the response streamed back. A client that goes away
-mid-stream closes the front's connection to the API process, which aborts the request.
+import) streamed as it arrives, the response streamed back. A client that goes away, mid-stream
+or while a whole reply is made, closes the front's connection to the API process, which
+aborts the request.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import zlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,11 +101,17 @@ class Front:
         request = client.build_request(
             scope["method"], path.decode("latin-1"), headers=forwarded, content=content
         )
+        # Once the body is read, a client's going is watched for: while the API process works
+        # on a reply that comes at its end (not streamed), the request is then cancelled,
+        # which closes its connection, and the API process aborts it in the engine.
+        watching = None if streamed else asyncio.ensure_future(_gone(receive))
         try:
-            response = await client.send(request, stream=True)
-        except _ClientGone:  # mid-body (or cut at its limit by the edge, which answered)
-            return
-        except httpx.TransportError as exc:
+            response = await _sent(client.send(request, stream=True), watching)
+        except (_ClientGone, httpx.TransportError) as exc:
+            if watching is not None:
+                watching.cancel()
+            if isinstance(exc, _ClientGone):  # mid-body (or cut at its limit by the edge)
+                return
             log.warning(
                 "%s %s: API process %d: %s: %s",
                 scope["method"],
@@ -115,6 +122,9 @@ class Front:
             )
             await refuse(send, 503, "the API process is not reachable", "server_error")
             return
+        if response is None:  # the client went first
+            return
+        watching = watching or asyncio.ensure_future(_gone(receive))
         try:
             await send(
                 {
@@ -125,8 +135,9 @@ class Front:
                     ],
                 }
             )
-            await _stream(response, receive, send)
+            await _stream(response, watching, send)
         finally:
+            watching.cancel()
             await response.aclose()  # mid-stream: the API process sees its client go
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
@@ -192,25 +203,45 @@ async def _read_body(receive: Any) -> bytes | None:
             return b"".join(parts)
 
 
-async def _stream(response: httpx.Response, receive: Any, send: Any) -> None:
-    """The API process's response to the client, until it ends or the client goes away."""
+async def _sent(
+    sending: Awaitable[httpx.Response], watching: asyncio.Future[None] | None
+) -> httpx.Response | None:
+    """The API process's response, or None if ``watching`` (the client's going) ends first:
+    then the request is cancelled, which closes its connection to the API process."""
+    task = asyncio.ensure_future(sending)
+    if watching is not None:
+        try:
+            await asyncio.wait({task, watching}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not task.done():  # the client went (or the server stops)
+                task.cancel()
+        if task.cancelled() or not task.done():
+            with contextlib.suppress(asyncio.CancelledError, httpx.TransportError, _ClientGone):
+                await task
+            return None
+    return await task
+
+
+async def _gone(receive: Any) -> None:
+    """Returns when the client disconnects (the request's body is read: nothing else comes)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _stream(response: httpx.Response, watching: asyncio.Future[None], send: Any) -> None:
+    """The API process's response to the client, until it ends or ``watching`` sees the
+    client go."""
 
     async def forward() -> None:
         async for piece in response.aiter_raw():
             await send({"type": "http.response.body", "body": piece, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def gone() -> None:  # the body is read: what comes next can only be a disconnect
-        while (await receive())["type"] != "http.disconnect":
-            pass
-
     forwarding = asyncio.ensure_future(forward())
-    watching = asyncio.ensure_future(gone())
     try:
         await asyncio.wait({forwarding, watching}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in (forwarding, watching):
-            task.cancel()
+        forwarding.cancel()
         with contextlib.suppress(asyncio.CancelledError, OSError):
             await forwarding
     if forwarding.done() and not forwarding.cancelled() and forwarding.exception():
