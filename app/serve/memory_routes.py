@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import FastAPI, Query, Request, Response
+from pydantic import AfterValidator
 
 from app.serve.deps import ApiError, DeskDep, not_found
 from app.serve.hub import Desk
-from app.serve.protocol import MemorySearch, NewMemory, Text, check_text
+from app.serve.protocol import MemorySearch, NewMemory, check_text
 
 if TYPE_CHECKING:
     from inferscale_core.types import Fact
@@ -72,7 +73,7 @@ def add(app: FastAPI, inbox: Path | None, quota_bytes: int = INBOX_QUOTA_BYTES) 
     @app.get("/v1/memories")
     async def list_memories(
         desk: DeskDep,
-        q: Annotated[Text, Query(max_length=1000)] = "",
+        q: Annotated[str, Query(max_length=1000), AfterValidator(check_text)] = "",
         limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
     ) -> dict[str, Any]:
         def run() -> list[Fact]:

@@ -106,6 +106,8 @@ def test_text_with_a_lone_surrogate_or_nul_is_a_400(server, log_start, kind):
         assert error["param"] and ("NUL" in error["message"] or "surrogate" in error["message"])
     r = httpx.get(f"{server.base}/memories", params={"q": "a\x00b"}, headers=bo)
     assert openai_error(r, 400)["param"] == "q"
+    r = httpx.get(f"{server.base}/memories", params={"q": "x" * 1001}, headers=bo)
+    assert "at most 1000 characters" in openai_error(r, 400)["message"]
     r = httpx.get(f"{server.base}/memories/export", headers=bo)
     assert r.status_code == 200 and r.json()["facts"] == []  # nothing was remembered
     no_traceback(server, log_start)
