@@ -32,10 +32,22 @@ def serve_dir(args: argparse.Namespace) -> Path:
     return folder
 
 
+def archive_uploads(inbox: Path, name: str, profile: str) -> Path | None:
+    """Move a removed user's uploads (``inbox/<name>/``) to ``inbox/.removed/<profile>/``, out
+    of reach of a new user of that name (no user name starts with a dot); None if none."""
+    uploads = inbox / name
+    if not uploads.is_dir():
+        return None
+    to = paths.private_dir(inbox / ".removed") / profile.replace(":", "-")
+    uploads.rename(to)
+    return to
+
+
 def run_users(args: argparse.Namespace, console: Console) -> int:
     from app.serve.users import UserError, Users
 
-    users = Users(serve_dir(args) / "users.db")
+    folder = serve_dir(args)
+    users = Users(folder / "users.db")
     try:
         if args.action == "add":
             token = users.add(args.name)
@@ -43,10 +55,12 @@ def run_users(args: argparse.Namespace, console: Console) -> int:
             token = users.new_token(args.name)
         elif args.action == "remove":
             archive = users.remove(args.name)
+            uploads = archive_uploads(folder / "inbox", args.name, archive)
             console.print(
                 f"removed {escape(args.name)}: their token no longer works; their memory is"
-                f" archived (fact-log profile {escape(archive)}); a new user of this name"
-                " starts empty"
+                f" archived (fact-log profile {escape(archive)}"
+                + (f", uploads in {escape(str(uploads))}" if uploads else "")
+                + "); a new user of this name starts empty"
             )
             return 0
         else:
