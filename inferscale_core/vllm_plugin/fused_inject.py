@@ -212,6 +212,18 @@ class FusedInjector:
         """The request's table (see :func:`_request_table`), built in a reused pinned buffer and
         copied asynchronously (a pageable copy would block until the GPU drains)."""
         size = _PIECE_ROWS * len(info) + tokens + len(block_ids)
+        host = self._host_buffer(size)
+        _request_table(info, start, tokens, block_ids, self.kv_heads * self.head_dim, host)
+        return self._copy_table(size)
+
+    def stage_table(self, table: np.ndarray) -> torch.Tensor:
+        """An int64 table another kernel of the load reads (``fused_compressed``), copied in
+        the same way: through the reused pinned buffer, asynchronously."""
+        self._host_buffer(len(table))[: len(table)] = table
+        return self._copy_table(len(table))
+
+    def _host_buffer(self, size: int) -> np.ndarray:
+        """The pinned host buffer (grown to ``size``), once the last copy out of it is done."""
         if self._device_table.numel() < size:
             capacity = max(16384, 1 << (size - 1).bit_length())
             pin = self.device.type == "cuda"
@@ -221,9 +233,9 @@ class FusedInjector:
             self._copied = None
         if self._copied is not None:
             self._copied.synchronize()  # the previous copy has read the host buffer
-        _request_table(
-            info, start, tokens, block_ids, self.kv_heads * self.head_dim, self._host_view
-        )
+        return self._host_view
+
+    def _copy_table(self, size: int) -> torch.Tensor:
         device = self._device_table[:size]
         device.copy_(self._host_table[:size], non_blocking=True)
         if self.device.type == "cuda":

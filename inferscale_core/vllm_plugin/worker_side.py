@@ -33,13 +33,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from inferscale_core.kvstore import KVStore
-from inferscale_core.kvstore.quant import dequantize, dequantize_into
+from inferscale_core.kvstore.quant import (
+    dequantize,
+    dequantize_into,
+    entry_tensors,
+    with_tensors,
+)
 from inferscale_core.model_spec import ModelSpec
 from inferscale_core.rope import RopeSpec, cos_sin, pure_rotation, shift
 from inferscale_core.tp_heads import RankHeads, rank_heads, slice_heads
 from inferscale_core.types import FactKV
 from inferscale_core.vllm_plugin import fused_inject
 from inferscale_core.vllm_plugin.capture import CacheReader, EntryWriter, capture
+from inferscale_core.vllm_plugin.fused_compressed import StoredPiece, inject_mixed
 from inferscale_core.vllm_plugin.fused_inject import FusedInjector, SourcePiece
 from inferscale_core.vllm_plugin.metadata import InjectionMetadata, LoadOp
 from inferscale_core.vllm_plugin.paged_layouts import (
@@ -134,6 +140,7 @@ class InjectionWorker:
         self._buffers: dict[str, torch.Tensor] = {}
         self._injector: FusedInjector | None = None
         self._rotary_kernel: VllmRotary | bool | None = None  # False: this vLLM has none
+        self._mixed_kernel = True  # compressed entries through fused_compressed's kernel
         self._reader: CacheReader | None = None  # made on the first capture
         self._writer: EntryWriter | None = None
         # Runs of layers that share one RoPE: [(rope, first layer, end layer)].
@@ -315,9 +322,22 @@ class InjectionWorker:
         else:
             entries = self.store.get_many([piece.key for piece in op.pieces])
             device = injector.device
-            dtype = injector.caches[0].dtype
-            # compressed entries cross to the device as codes, and expand there
-            entries = [e if e.quant is None else dequantize(e, dtype, device) for e in entries]
+            schemes = {e.quant.scheme for e in entries if e.quant is not None}
+            if len(schemes) == 1 and self._mixed_kernel:  # codes expanded inside one kernel
+                stored = [
+                    StoredPiece(_staged(e, device), p.src_start, p.src_end, p.dst_start, p.shift)
+                    for p, e in zip(op.pieces, entries, strict=True)
+                ]
+                try:
+                    inject_mixed(injector, stored, op.start, tokens, op.block_ids)
+                    self._count(op, fused=True, in_place=False)
+                    return
+                except Exception:  # never fail the step: expand with torch from now on
+                    log.exception("the compressed-entry kernel failed; expanding with torch")
+                    self._mixed_kernel = False
+            if schemes:  # two schemes in one request (a conversion under way): expanded first
+                dtype = injector.caches[0].dtype
+                entries = [e if e.quant is None else dequantize(e, dtype, device) for e in entries]
             pieces = [
                 SourcePiece(
                     _on(entry.k, device),
@@ -454,6 +474,12 @@ class VllmRotary:
         tokens, heads, dim = k.shape
         rows = shifts + self._reach
         self._op(rows, k.view(tokens, heads * dim), None, dim, table, spec.is_neox_style)
+
+
+def _staged(entry: FactKV, device: torch.device) -> FactKV:
+    """``entry`` with every tensor (codes and scales) on ``device``, contiguous: those of the
+    GPU pool already are (checked cheaply), host copies cross at their compressed size."""
+    return with_tensors(entry, {name: _on(t, device) for name, t in entry_tensors(entry).items()})
 
 
 def _shape(entry: FactKV) -> tuple[int, int, int, int]:

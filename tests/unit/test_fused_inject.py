@@ -44,6 +44,28 @@ def test_kernel_matches_the_unfused_path_under_the_interpreter():
     _check(json.loads(done.stdout.splitlines()[-1]), direct_launch=False)
 
 
+def check_compressed(results: dict) -> None:
+    assert len(results) == 60  # 3 layouts x 5 RoPE variants x 2 dtypes x (int4, fp8)
+    for name, case in results.items():
+        # codes expanded, rotated in fp32, one rounding: as the torch path in fp32, rounded once
+        assert case["k_error_ulps"] <= 1.0, (name, case)
+        assert case["v_error_ulps"] <= 1.0, (name, case)
+        assert case["only_slots_written"], name
+
+
+def test_compressed_kernel_matches_expanding_then_rotating_under_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(SUPPORT / "fused_compressed_cases.py"), "cpu"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
+    check_compressed(json.loads(done.stdout.splitlines()[-1]))
+
+
 def _injector() -> FusedInjector:
     spec = RopeSpec(16, 16, tuple([1.0] * 8), 1.0, True, "default")
     caches = [torch.zeros(2, 4, 4, 2, 16) for _ in range(2)]  # [2, blocks, bs, heads, dim]
