@@ -47,6 +47,8 @@ def _config(args: argparse.Namespace, console: Console) -> AppConfig:
     if args.model:
         config.model = args.model
     config.gpu_pool_gib = getattr(args, "gpu_pool_gib", 0) or 0
+    if getattr(args, "kv_store_dtype", None):
+        config.kv_store_dtype = args.kv_store_dtype
     return config
 
 
@@ -626,6 +628,11 @@ def _files(parser: argparse.ArgumentParser) -> None:
 def _outputs(parser: argparse.ArgumentParser) -> None:
     _files(parser)
     parser.add_argument("--model", help="local Hugging Face model folder (default: SmolLM2)")
+    parser.add_argument(
+        "--kv-store-dtype",
+        choices=("model", "fp8", "int4"),
+        help="how the bench's entries are stored (default: the settings' kv_store_dtype)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (0)")
 
 
