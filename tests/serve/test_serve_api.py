@@ -49,6 +49,33 @@ def status(server, user: str) -> dict:
     return r.json()
 
 
+def hang_up_on_a_whole_reply(server, user: str, content: str, within_s: float) -> None:
+    """Ask ``user``'s long reply without streaming, give up after 3 s, and check the request
+    left the engine, as a client's abort, within ``within_s`` seconds."""
+    body = {
+        "model": model_name(server),
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 1500,
+        "temperature": 0,
+        "store": False,
+    }
+    aborted = status(server, user)["aborted_by_clients"]
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{server.base}/chat/completions",
+            json=body,
+            headers=auth(server.tokens[user]),
+            timeout=httpx.Timeout(30, read=3),
+        )
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        now = status(server, user)
+        if now["requests_in_engine"] == 0 and now["aborted_by_clients"] > aborted:
+            return
+        time.sleep(0.2)
+    pytest.fail(f"the request still ran after the client left: {now}")
+
+
 def wait_encoded(server, user: str, facts: int, timeout: float = 300.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -6,14 +6,13 @@ with OpenAI's error body and a 4xx, never a 500, and leaves no traceback and no 
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import pytest
 
 from app.serve.memory_routes import INBOX_QUOTA_BYTES
 from tests.serve.conftest import Server
-from tests.serve.test_serve_api import auth, model_name, status
+from tests.serve.test_serve_api import auth, hang_up_on_a_whole_reply, model_name
 
 STALE = ".upload-left-by-a-crash"  # an unfinished upload of a server killed mid-write
 
@@ -183,29 +182,7 @@ def test_a_client_that_hangs_up_on_a_reply_aborts_it(server, log_start):
     """Not streamed: the client waits for the whole reply, gives up after 3 s and closes its
     connection; the request leaves the engine as a stream's does (without the abort, this
     reply runs on for minutes: seen 527 tokens in 155 s on the busy 2-core machine)."""
-    body = {
-        "model": model_name(server),
-        "messages": [{"role": "user", "content": "Write a very long story about a dragon."}],
-        "max_tokens": 1500,
-        "temperature": 0,
-        "store": False,
-    }
-    aborted = status(server, "cy")["aborted_by_clients"]
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(
-            f"{server.base}/chat/completions",
-            json=body,
-            headers=auth(server.tokens["cy"]),
-            timeout=httpx.Timeout(30, read=3),
-        )
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        now = status(server, "cy")
-        if now["requests_in_engine"] == 0 and now["aborted_by_clients"] > aborted:
-            break
-        time.sleep(0.2)
-    else:
-        pytest.fail(f"the request still ran after the client left: {now}")
+    hang_up_on_a_whole_reply(server, "cy", "Write a very long story about a dragon.", 15)
     no_traceback(server, log_start)
 
 

@@ -21,6 +21,7 @@ from tests.serve.test_serve_api import (
     ask,
     auth,
     client,
+    hang_up_on_a_whole_reply,
     model_name,
     remember_all,
     status,
@@ -126,28 +127,7 @@ def test_a_client_that_goes_away_aborts_its_request_behind_the_front(group):
 def test_a_client_that_hangs_up_on_a_whole_reply_aborts_it_behind_the_front(group):
     """Not streamed: nothing comes until the reply's end, and the client gives up first. The
     front closes its connection to the API process, which aborts the engine's request."""
-    body = {
-        "model": model_name(group),
-        "messages": [{"role": "user", "content": "Count from 1 to 1000, one number a line."}],
-        "max_tokens": 1500,
-        "temperature": 0,
-        "store": False,
-    }
-    aborted = status(group, "bo")["aborted_by_clients"]
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(
-            f"{group.base}/chat/completions",
-            json=body,
-            headers=auth(group.tokens["bo"]),
-            timeout=httpx.Timeout(30, read=3),
-        )
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        now = status(group, "bo")
-        if now["requests_in_engine"] == 0 and now["aborted_by_clients"] > aborted:
-            return
-        time.sleep(0.2)
-    pytest.fail(f"the request still ran after the client left: {now}")
+    hang_up_on_a_whole_reply(group, "bo", "Count from 1 to 1000, one number a line.", 20)
 
 
 def test_ctrl_c_stops_every_process_quietly(group):
