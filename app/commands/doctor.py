@@ -211,13 +211,21 @@ def check_hardware() -> Check:
     return engine_fit(installed_engine(), nvidia_gpus())
 
 
-def check_store(model_dir: Path | None) -> Check:
+def check_store(model_dir: Path | None, store_dtype: str = "int4") -> Check:
+    """The KV store's folders: entries, bytes on disk and how they are stored, per model."""
+    from inferscale_core.kvstore.entry_file import usage
+
     root = paths.kv_dir()
     if not os.access(root, os.W_OK | os.X_OK):
         return Check("KV store", "fail", f"{root} is not writable", f"chmod u+rwx {root}")
-    counts = {d.name: sum(1 for _ in d.glob("*.safetensors")) for d in root.iterdir() if d.is_dir()}
-    detail = ", ".join(f"{fp}: {n} entries" for fp, n in sorted(counts.items()))
-    detail = detail or "empty: nothing encoded yet"
+    found = {d.name: usage(d) for d in root.iterdir() if d.is_dir()}
+    counts = {fp: u.entries for fp, u in found.items()}
+    parts = []
+    for fp, u in sorted(found.items()):
+        kinds = ", ".join(f"{n} {scheme}" for scheme, (n, _) in sorted(u.by_scheme.items()))
+        parts.append(f"{fp}: {u.entries} entries, {u.file_bytes / 2**20:.1f} MiB ({kinds})")
+    detail = "; ".join(parts) or "empty: nothing encoded yet"
+    detail += f"; new entries stored as {store_dtype}"
     if model_dir is not None:
         from inferscale_core.fingerprint import model_fingerprint
 
@@ -330,7 +338,7 @@ def run_doctor(console: Console, skip_engine: bool = False) -> int:
         with console.status("importing the engine…"):
             checks.append(check_engine())
     checks.append(check_hardware())
-    checks.append(check_store(model_dir))
+    checks.append(check_store(model_dir, config.store_dtype))
     permissions = check_permissions()  # before opening the log, which tightens its file modes
     checks += check_memory(config, model_dir)
     checks.append(permissions)

@@ -135,3 +135,31 @@ def test_every_new_command_has_help(argv, capsys):
         cli.main([*argv, "--help"])
     assert done.value.code == 0
     assert "usage: inferscale-assistant" in capsys.readouterr().out
+
+
+def test_memory_stats_counts_memories_and_the_disk_their_kv_takes(home, capsys):
+    store = KVStore(paths.kv_dir() / "fp1", fingerprint="fp1", store_dtype="int4")
+    shape = (2, 5, 1, 64)  # [layers, tokens, kv_heads, head_dim]
+    for i in range(3):
+        k = torch.randn(shape, generator=torch.Generator().manual_seed(i))
+        store.put(FactKV(f"fact-{i}", list(range(5)), k, -k, "fp1"))
+    code, out = _run(capsys, "memory", "stats", "--json")
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["facts"] == 3 and report["kv_store_dtype"] == "auto"
+    assert report["writes_as"] == "int4"
+    models = {m["fingerprint"]: m for m in report["models"]}
+    assert models["fp0"]["entries"] == 1 and models["fp0"]["by_dtype"]["model"]["entries"] == 1
+    int4 = models["fp1"]
+    assert int4["entries"] == 3 and int4["by_dtype"] == {
+        "int4": {"entries": 3, "disk_bytes": int4["disk_bytes"]}
+    }
+    on_disk = sum(p.stat().st_size for p in (paths.kv_dir() / "fp1").glob("*.safetensors"))
+    assert int4["disk_bytes"] == on_disk and report["disk_bytes"] >= on_disk
+    code, out = _run(capsys, "memory", "stats")
+    assert code == 0 and "3 memories" in out and "int4 3" in out and "model 1" in out
+
+
+def test_doctor_says_how_the_store_keeps_entries(home, capsys):
+    code, out = _run(capsys, "doctor", "--skip-engine")
+    assert "fp0: 1 entries" in out and "(1 model)" in out and "stored as int4" in out
