@@ -78,8 +78,15 @@ class Suite:
         self.fingerprint = model_fingerprint(model)
         store_root = Path("/tmp/inferscale-gpu-kv") / self.fingerprint
         gpu_bytes = int(gpu_pool_gib * (1 << 30))
+        # SUITE_STORE_DTYPE: how the pool's entries are stored (model | fp8 | int4; the
+        # product's default is int4, earlier suites ran the model's dtype)
+        self.store_dtype = os.environ.get("SUITE_STORE_DTYPE", "model")
         self.store = KVStore(
-            store_root, 16 << 30, gpu_bytes=gpu_bytes, fingerprint=self.fingerprint
+            store_root,
+            16 << 30,
+            gpu_bytes=gpu_bytes,
+            fingerprint=self.fingerprint,
+            store_dtype=self.store_dtype,
         )
         gen = torch.Generator().manual_seed(0)
         self.prefix_ids = _ids(self.rng, PREFIX_TOKENS)
@@ -668,6 +675,7 @@ def main(out: Path) -> None:
     suite = Suite(out)
     result.update(store_fill_s=suite.store_fill_s, engine_start_s=suite.engine_start_s)
     result["cudagraph_mode"] = suite.cudagraph_mode or "default (FULL_AND_PIECEWISE)"
+    result["store_dtype"] = suite.store_dtype
     result["block_size"] = suite.engine.block_size
     result["prefix_caching_hash_algo"] = suite.hash_algo or "default (sha256)"
     # vLLM 0.26 picks its V2 model runner for this model unless VLLM_USE_V2_MODEL_RUNNER=0.

@@ -55,6 +55,10 @@ def test_settings_form_errors_are_clear():
     assert (config.temperature, config.top_p, config.repetition_penalty) == (None, None, 1.2)
     assert (config.model, config.k, config.gpu_pool_gib, config.extractor) == (None, 4, 1.5, "llm")
     assert config.window == "anchored" and parse_form(values, "llm", "sliding").window == "sliding"
+    assert config.kv_store_dtype == "auto"
+    assert parse_form(values, "llm", "sliding", "model").kv_store_dtype == "model"
+    with pytest.raises(ConfigError, match="kv_store_dtype must be one of auto, model, fp8, int4"):
+        parse_form(values, "auto", "anchored", "int3")
     with pytest.raises(ConfigError, match="window must be one of anchored, sliding; got 'rolling'"):
         parse_form(values, "auto", "rolling")
     with pytest.raises(ConfigError, match="k must be a whole number, got 'four'"):

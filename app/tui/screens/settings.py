@@ -1,4 +1,5 @@
-"""Settings: model, k, w, window, GPU pool, profile, extractor; saved to the TOML config file."""
+"""Settings: model, k, w, window, GPU pool, profile, extractor, how memories' KV is stored;
+saved to the TOML config file."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
 from app.tui.widgets.status import StatusBar
-from inferscale_core.config import EXTRACTORS, AppConfig, ConfigError, save
+from inferscale_core.config import EXTRACTORS, KV_STORE_DTYPES, AppConfig, ConfigError, save
 from inferscale_core.context_window import ANCHORED, WINDOWS
 from inferscale_core.generation import EMBEDDED
 
@@ -23,6 +24,7 @@ RESTART_KEYS = (
     "gpu_pool_gib",
     "profile",
     "extractor",
+    "kv_store_dtype",
     "max_tokens",
     "history_tokens",
     "temperature",
@@ -57,10 +59,21 @@ CHOICES = (  # (setting, label, its options): a Select each
         "Fact extractor: auto = rules for the embedded model, the LLM otherwise (restart)",
         EXTRACTORS,
     ),
+    (
+        "kv_store_dtype",
+        "Memory KV kept as: auto = int4 on a CPU, the model's dtype on a GPU; model = exact"
+        " (restart; older entries are rewritten in the background)",
+        KV_STORE_DTYPES,
+    ),
 )
 
 
-def parse_form(values: dict[str, str], extractor: str, window: str = ANCHORED) -> AppConfig:
+def parse_form(
+    values: dict[str, str],
+    extractor: str,
+    window: str = ANCHORED,
+    kv_store_dtype: str = "auto",
+) -> AppConfig:
     """An :class:`AppConfig` from the form's text, or :class:`ConfigError` saying what's wrong."""
 
     def number(name: str, kind: type) -> int | float | None:
@@ -83,6 +96,7 @@ def parse_form(values: dict[str, str], extractor: str, window: str = ANCHORED) -
         profile=values["profile"].strip(),
         inbox=values.get("inbox", "").strip() or None,
         extractor=extractor,
+        kv_store_dtype=kv_store_dtype,
         max_tokens=number("max_tokens", int),
         history_tokens=number("history_tokens", int),
         temperature=number("temperature", float),
@@ -158,9 +172,10 @@ class SettingsScreen(Screen):
         values = {name: self.query_one(f"#set-{name}", Input).value for name, _ in FIELDS}
         extractor = str(self.query_one("#set-extractor", Select).value)
         window = str(self.query_one("#set-window", Select).value)
+        kv_store_dtype = str(self.query_one("#set-kv_store_dtype", Select).value)
         error = self.query_one("#settings-error", Label)
         try:
-            new = parse_form(values, extractor, window)
+            new = parse_form(values, extractor, window, kv_store_dtype)
         except ConfigError as exc:
             error.update(str(exc))
             return
