@@ -557,12 +557,13 @@ def fuzz(server: Server, ids: dict[str, list[int]], args: argparse.Namespace) ->
     return tally
 
 
-TRACEBACK = re.compile(r"Traceback \(most recent call last\)|Exception in ASGI application")
+TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 
 
 def tracebacks(log: Path, since: int) -> dict[str, Any]:
     """The tracebacks the server's log holds past ``since``: their count, and for each of the
-    first five its opening line and its last (the exception), cut at 200 characters."""
+    first five the line before it (uvicorn's "Exception in ASGI application") and its last
+    (the exception), cut at 200 characters."""
     lines = log.read_bytes()[since:].decode(errors="replace").splitlines()
     found = []
     for i, line in enumerate(lines):
@@ -571,7 +572,8 @@ def tracebacks(log: Path, since: int) -> dict[str, Any]:
             while end < len(lines) and (lines[end].startswith((" ", "\t")) or not lines[end]):
                 end += 1
             last = lines[end] if end < len(lines) else ""
-            found.append({"line": line.strip()[:200], "exception": last.strip()[:200]})
+            before = lines[i - 1].strip() if i else ""
+            found.append({"after": before[:200], "exception": last.strip()[:200]})
     return {"count": len(found), "first": found[:5]}
 
 
