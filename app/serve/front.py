@@ -26,6 +26,8 @@ import httpx
 from app.serve.edge import refuse
 from app.serve.users import Users
 
+UPSTREAM = "http://inferscale-api"  # the API processes' URL (over their Unix sockets)
+
 log = logging.getLogger(__name__)
 
 # Hop-by-hop headers (RFC 9110 7.6.1): each connection's own, never passed on.
@@ -98,9 +100,14 @@ class Front:
             if whole is None:  # the client went away first
                 return
             content = whole
-        request = client.build_request(
-            scope["method"], path.decode("latin-1"), headers=forwarded, content=content
-        )
+        # An absolute URL: a relative one starting with "//" would be read as naming a host
+        # ("//x/v1/models" went on as /v1/models; others raised InvalidURL, a 500).
+        url = UPSTREAM + path.decode("latin-1")
+        try:
+            request = client.build_request(scope["method"], url, headers=forwarded, content=content)
+        except httpx.InvalidURL:
+            await refuse(send, 400, "the request's path is not a valid URL path")
+            return
         # Once the body is read, a client's going is watched for: while the API process works
         # on a reply that comes at its end (not streamed), the request is then cancelled,
         # which closes its connection, and the API process aborts it in the engine.
@@ -154,7 +161,7 @@ class Front:
 def _upstream(path: Path, keepalive: int) -> httpx.AsyncClient:
     return httpx.AsyncClient(
         transport=httpx.AsyncHTTPTransport(uds=str(path)),
-        base_url="http://inferscale-api",
+        base_url=UPSTREAM,
         timeout=httpx.Timeout(None),
         # Bounded: a Unix socket refuses connects beyond its accept backlog (EAGAIN), seen as
         # 503s when 6,000 requests came at once; beyond the bound, requests wait for one.

@@ -217,3 +217,15 @@ def test_the_same_errors_behind_the_front(group):
         openai_error(httpx.post(chat, content=b"x" * (2 << 20), headers=as_json), 413)
     assert [p.name for p in (group.data / "inbox").rglob(".upload-*")] == []
     no_traceback(group, since)
+
+
+def test_a_path_that_starts_with_two_slashes_is_a_404_behind_the_front(group):
+    """Found by ``bench/serve_fuzz.py``: the front passed ``//x`` on as a relative URL, which
+    httpx reads as naming a host (``InvalidURL``): a 500 and a traceback in the log."""
+    since = group.log.stat().st_size
+    root = group.base.removesuffix("/v1")
+    with httpx.Client(headers=auth(group.tokens["ana"]), timeout=30) as api:
+        for path in ("//x", "//evil.example/v1/models", "//", "/v1//memories"):
+            assert openai_error(api.get(root + path), 404)["type"] == "not_found_error"
+        assert api.get(f"{group.base}/models").status_code == 200
+    no_traceback(group, since)
