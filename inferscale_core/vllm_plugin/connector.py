@@ -58,9 +58,12 @@ class InferScaleConnector(KVConnectorBase_V1):
         fingerprint = str(extra["fingerprint"])
         # Its own store from plain settings, whatever process vLLM runs it in; an app in the
         # same process hands it its own instead (``use_store``), to share the memory tiers.
+        # The scheduler side reads headers only: it checks a new entry's file whole (the
+        # store does, at first sight) but keeps no tensors, which only the worker side loads.
+        host_bytes = int(extra.get("host_bytes", 1 << 30))
         store = KVStore(
             extra["store_path"],
-            host_bytes=int(extra.get("host_bytes", 1 << 30)),
+            host_bytes=0 if role == KVConnectorRole.SCHEDULER else host_bytes,
             gpu_bytes=int(extra.get("gpu_bytes", 0)),  # device pool; absent without CUDA
             fingerprint=fingerprint,
             store_dtype=str(extra.get("store_dtype", "model")),
