@@ -226,10 +226,11 @@ class MemoryWorker:
 
     def _convert_batch(self, factlog: FactLog) -> int:
         """Rewrite up to a batch of this profile's entries stored in another scheme than the
-        store writes (``kv_store_dtype`` changed, or entries from before compression): from
-        their own tensors, no re-encoding. The list is made once per worker (headers only);
-        a stopped conversion goes on where it was at the next start, since converted entries
-        are not listed again."""
+        store writes (``kv_store_dtype`` changed, or entries from before compression): one in
+        the model's dtype from its own tensors, a compressed one by encoding its fact anew.
+        The list is made once per worker (headers only); a stopped conversion goes on where it
+        was at the next start, since converted entries are not listed again. Returns how many
+        entries the batch took from the list."""
         if self._to_convert is None:
             ids = [fact.id for fact in factlog.active_facts(self.profile_id)]
             keys = factlog.kv_keys_for(ids, self.builder.fingerprint, self.w, self.encoding)
@@ -241,11 +242,12 @@ class MemoryWorker:
                     if scheme != wanted:
                         self._to_convert.append((fact_id, key, scheme))
             self.stats.to_convert = len(self._to_convert)
-        converted, again = 0, []
-        while self._to_convert and converted + len(again) < self.batch_size:
+        converted, again, taken = 0, [], 0
+        while self._to_convert and taken < self.batch_size:
             if self._pauses:  # a chat turn: the rest waits for the next idle moment
                 break
             fact_id, key, scheme = self._to_convert.pop()
+            taken += 1
             if scheme != "model":  # compressed: encoded anew (lossy codes are not converted)
                 again.append(fact_id)
                 continue
@@ -260,7 +262,7 @@ class MemoryWorker:
             converted += len(facts)
         self.stats.converted += converted
         self.stats.to_convert = len(self._to_convert)
-        return converted + len(again)
+        return taken
 
     def _extract_batch(self, factlog: FactLog) -> int:
         cursor = factlog.extraction_cursor(self.profile_id)
