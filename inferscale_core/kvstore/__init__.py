@@ -10,6 +10,7 @@ from inferscale_core.kvstore.entry_file import (
     EntryHeader,
     EntryMissingError,
     FingerprintMismatchError,
+    StoreFullError,
 )
 from inferscale_core.kvstore.store import (
     KVStore,
@@ -25,6 +26,7 @@ __all__ = [
     "FingerprintMismatchError",
     "KVStore",
     "PrefetchReport",
+    "StoreFullError",
     "StoreStats",
     "TierStats",
 ]

@@ -17,6 +17,7 @@ Version 2 files (the model's dtype, no checksum) are still read.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import struct
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load as load_tensors
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from inferscale_core.files import TEMP_PREFIX, write_atomic
 from inferscale_core.kvstore.quant import SCHEMES, entry_tensors
@@ -39,6 +40,8 @@ FORMAT = "inferscale-kv/3"
 FORMATS = ("inferscale-kv/2", FORMAT)
 SUFFIX = ".safetensors"
 _STALE_TEMP_S = 3600.0  # temporary files older than this are from a crashed writer
+# a write the disk refused for want of room: no space, over a quota, over a file size limit
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 class EntryMissingError(KeyError):
@@ -55,6 +58,24 @@ class EntryCorruptError(EntryMissingError):
 
     def __str__(self) -> str:
         return f"KV entry {self.args[0]} is damaged: {self.why}"
+
+
+class StoreFullError(OSError):
+    """The disk refused an entry's write for want of room (no space left, a quota, a file size
+    limit). Nothing was replaced: the old entry, if any, is intact, and the fact, which stays
+    in the fact log, goes in as text until space is freed and it is encoded."""
+
+    def __init__(self, path: Path, nbytes: int, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror, str(path))
+        self.nbytes = nbytes
+
+    def __str__(self) -> str:
+        folder = Path(self.filename).parent
+        return (
+            f"The disk is full: a memory's KV ({self.nbytes / 1e6:.2f} MB) could not be written"
+            f" to {folder} ({self.strerror}). Nothing is lost: the fact stays in the fact log"
+            " and goes in as text until space is freed, then it is encoded again."
+        )
 
 
 class FingerprintMismatchError(ValueError):
@@ -108,7 +129,9 @@ def checksum(tensors: dict[str, torch.Tensor]) -> int:
 
 
 def write_entry(path: Path, entry: FactKV) -> EntryHeader:
-    """Write ``entry`` to ``path`` atomically and durably (mode 0600); returns its header."""
+    """Write ``entry`` to ``path`` atomically and durably (mode 0600); returns its header.
+    Raises :class:`StoreFullError` if the disk has no room for it (the file at ``path`` is
+    then as it was, and no temporary file is left)."""
     tensors = {name: t.contiguous() for name, t in entry_tensors(entry).items()}
     header = header_of(entry)
     metadata = {
@@ -121,7 +144,15 @@ def write_entry(path: Path, entry: FactKV) -> EntryHeader:
         "shape": json.dumps(list(header.shape)),
         "crc32": str(header.crc32),
     }
-    write_atomic(path, lambda tmp: save_file(tensors, tmp, metadata=metadata), suffix=SUFFIX)
+    # serialized here and written by Python: safetensors' own file writer reports a full disk
+    # as a SafetensorError without an errno
+    data = save(tensors, metadata=metadata)
+    try:
+        write_atomic(path, data, suffix=SUFFIX)
+    except OSError as exc:
+        if exc.errno in _FULL_ERRNOS:
+            raise StoreFullError(path, len(data), exc) from exc
+        raise
     return header
 
 

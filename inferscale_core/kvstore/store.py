@@ -104,6 +104,7 @@ class KVStore:
         self._lock = threading.Lock()
         self._written = threading.Condition()  # notified after every put (see wait_for)
         self._writing: set[str] = set()  # keys a put of this process is writing
+        self._failed: dict[str, OSError] = {}  # keys whose last put failed to write (wait_for)
         self._lost: set[str] = set()  # damaged entries deleted, not yet reported (lost())
         sweep_temp_files(self.root)
         head_shards.sweep_parts(self.root)
@@ -130,12 +131,17 @@ class KVStore:
         with self._lock:
             version = self._invalidate(entry.key)
             self._writing.add(entry.key)
+            self._failed.pop(entry.key, None)
         try:
             hosted = to_host(entry, self.host_tier.pin)  # write-through: the injection after
             header = write_entry(target, hosted)
-        except BaseException:
+        except BaseException as exc:
             with self._lock:
                 self._writing.discard(entry.key)
+                if isinstance(exc, OSError):  # e.g. StoreFullError: wait_for says so at once
+                    self._failed[entry.key] = exc
+            with self._written:
+                self._written.notify_all()
             raise
         with self._lock:
             if self._versions.get(entry.key) == version:  # no put/delete of it since
@@ -209,12 +215,17 @@ class KVStore:
     def wait_for(self, keys: Sequence[str], timeout: float) -> list[str]:
         """Wait until every key's entry is written (by this process's store: its file and its
         host-RAM copy; by another process: its file, seen within 50 ms), at most ``timeout``
-        seconds; the keys still missing then (``[]``: all there)."""
+        seconds; the keys still missing then (``[]``: all there). A put of this process that
+        failed to write one of them (e.g. :class:`StoreFullError`) is raised here at once,
+        instead of waiting out the timeout for an entry that will not come."""
         deadline = time.monotonic() + timeout
 
         def missing_of(candidates: Sequence[str]) -> list[str]:
             with self._lock:
                 writing = set(self._writing)
+                failed = [self._failed.pop(key) for key in candidates if key in self._failed]
+            if failed:
+                raise failed[0]
             return [key for key in candidates if key in writing or not self.has(key)]
 
         missing = missing_of(keys)
