@@ -251,8 +251,10 @@ class MemoryWorker:
             if scheme != "model":  # compressed: encoded anew (lossy codes are not converted)
                 again.append(fact_id)
                 continue
+            self._to_convert.append((fact_id, key, scheme))  # listed until written: a full disk
             with contextlib.suppress(EntryMissingError):  # forgotten meanwhile
                 converted += self.store.convert(key)
+            self._to_convert.pop()
         facts = [f for i in again if (f := factlog.get_fact(i)) and f.status == "active"]
         if facts:
             self._step_aside()

@@ -2,7 +2,9 @@
 
 The disk really refuses: a child process under RLIMIT_FSIZE gets EFBIG from write(), and a
 tiny tmpfs (where this test may mount one) gets ENOSPC. The store raises StoreFullError, the
-old entry stays readable, and no temporary file is left.
+old entry stays readable, no temporary file is left, and the memory worker shows the message
+(not a traceback), keeps the facts pending or the entries listed, and catches up once space
+is freed.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -115,3 +118,93 @@ def test_no_space_left_raises_store_full_and_keeps_the_old(tmp_path):
         assert store.convert("fact-old", "int4")
         store.put(_entry("fact-new", 2))
         assert KVStore(root, fingerprint="fp").keys() == ["fact-new", "fact-old"]
+
+
+def _wait(condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert condition()
+
+
+def test_the_memory_worker_on_a_full_disk_says_so_and_catches_up(smollm2_path, tmp_path):
+    from transformers import AutoTokenizer
+
+    from inferscale_core.composer import ChatLayout
+    from inferscale_core.extractor import DeterministicExtractor
+    from inferscale_core.factlog import FactLog
+    from inferscale_core.fingerprint import model_fingerprint
+    from inferscale_core.memory_worker import MemoryWorker
+    from inferscale_core.prompt_builder import PromptBuilder
+    from tests.support.hf_encoder import ORACLE_VERSION, HFReferenceEncoder
+
+    poll = 0.2
+    db = tmp_path / "memory.db"
+    fingerprint = model_fingerprint(smollm2_path)
+    with _tmpfs(tmp_path / "kv", "8m") as root:
+        store = KVStore(root, fingerprint=fingerprint, store_dtype="model")
+        encoder = HFReferenceEncoder(smollm2_path, fingerprint)  # writes in this thread
+        encoder.store = store
+        layout = ChatLayout(AutoTokenizer.from_pretrained(str(smollm2_path)), "System.")
+        builder = PromptBuilder(layout, encoder, store, batch_size=8)
+        with FactLog.open(db) as log:
+            profile = log.profile("default")
+            for text in ("Ines moved to Lisbon.", "Miso is a grey cat.", "Jun teaches in Osaka."):
+                log.add_fact(profile, text)
+            log.set_extraction_cursor(profile, 0)
+
+        def worker() -> MemoryWorker:
+            return MemoryWorker(
+                lambda: FactLog.open(db),
+                profile,
+                builder,
+                store,
+                DeterministicExtractor(),
+                w=0,
+                poll_seconds=poll,
+            ).start()
+
+        def pending() -> int:
+            with FactLog.open(db) as log:
+                return len(log.facts_without_kv(profile, fingerprint, 0, ORACLE_VERSION))
+
+        # encoding: the disk is full
+        filler = _fill(root, leave=64 << 10)  # a SmolLM2 fact in fp32 is ~45 KiB a token
+        first = worker()
+        try:
+            _wait(lambda: first.stats.errors > 0)
+            since, errors = time.monotonic(), first.stats.errors
+            time.sleep(1.0)
+            message = first.stats.last_error
+            assert message.startswith("StoreFullError: The disk is full"), message
+            _assert_clear(message.removeprefix("StoreFullError: "))
+            # retried every poll or two (an encode each time), not in a tight loop
+            assert first.stats.errors - errors <= (time.monotonic() - since) / poll + 1
+            assert pending() == 3 and store.keys() == []
+            assert _leftovers(root) == [".filler"]
+            filler.unlink()
+            assert first.wait_idle(timeout=120)
+            assert pending() == 0 and first.stats.encoded_facts == 3
+        finally:
+            first.stop()
+
+        # conversion to int4: the disk is full
+        store.store_dtype = "int4"
+        filler = _fill(root, leave=16 << 10)  # an int4 fact is ~7 KiB a token
+        second = worker()
+        try:
+            _wait(lambda: second.stats.errors > 0)
+            time.sleep(3 * poll)  # a few more tries
+            assert second.stats.last_error.startswith("StoreFullError: The disk is full")
+            assert second.stats.to_convert == 3 and second.stats.converted == 0
+            entries = store.keys()
+            assert len(entries) == 3
+            assert all(store.stored_scheme(key) == "model" for key in entries)
+            assert _leftovers(root) == [".filler"]
+            filler.unlink()
+            assert second.wait_idle(timeout=120)
+        finally:
+            second.stop()
+        assert (second.stats.to_convert, second.stats.converted) == (0, 3)
+        reread = KVStore(root, fingerprint=fingerprint)
+        assert [reread.header(key).scheme for key in entries] == ["int4"] * 3
