@@ -45,6 +45,7 @@ from inferscale_core.kvstore.quant import check_scheme, quantize, scheme_for
 from inferscale_core.kvstore.tiers import (
     EntryLayout,
     HostTier,
+    MixedSpans,
     PrefetchReport,
     StoreStats,
     TierStats,
@@ -411,14 +412,19 @@ class KVStore:
 
     def device_spans(
         self, keys: Sequence[str]
-    ) -> tuple[torch.Tensor, np.ndarray, EntryLayout] | None:
-        """Where ``keys`` sit in the device pool, for the load kernel to read them in place
-        (see :meth:`DeviceTier.spans`); None unless all are there, with one layout and this
-        store's fingerprint (then :meth:`get_many` serves them, or says what is wrong)."""
-        if self.device_tier is None:
+    ) -> tuple[torch.Tensor, np.ndarray, EntryLayout] | MixedSpans | None:
+        """Where ``keys`` sit in the device pool, for the load kernels to read them in place:
+        plain entries of one layout as :meth:`DeviceTier.spans` gives them, a request with
+        compressed entries as :class:`MixedSpans`. None unless all are there, readable in place
+        together, with this store's fingerprint (then :meth:`get_many` serves them, or says
+        what is wrong)."""
+        tier = self.device_tier
+        if tier is None:
             return None
         with self._lock:
-            found = self.device_tier.spans(keys, self.fingerprint)
+            found = tier.spans(keys, self.fingerprint)
+            if found is None:
+                found = tier.mixed_spans(keys, self.fingerprint)
             if found is not None:
                 self._hits["device"] += len(keys)
         return found

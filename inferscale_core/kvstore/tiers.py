@@ -168,6 +168,24 @@ class ExtentAllocator:
 
 # What a kernel needs to know to read an entry in place: (dtype, layers, kv_heads, head_dim).
 EntryLayout = tuple[torch.dtype, int, int, int]
+# ... and a compressed one: (scheme, code dtype, scale dtype, layers, kv_heads, head_dim,
+# value scale groups per head).
+PackedLayout = tuple[str, torch.dtype, torch.dtype, int, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class MixedSpans:
+    """Where a request's entries sit in the pool when some are compressed (one scheme) and
+    the others plain (one layout): what :mod:`~inferscale_core.vllm_plugin.fused_compressed`'s
+    kernel reads in place, described by numbers only."""
+
+    pool: torch.Tensor  # uint8 [bytes]
+    rows: np.ndarray  # int64 [keys, 8]: K, V byte offsets, tokens, compressed (1) or not (0),
+    #                   then byte offsets of the key scale, key minimum, value scale, value
+    #                   minimum (compressed rows: the minimums repeat the scales under fp8;
+    #                   plain rows: 0)
+    plain: EntryLayout | None  # the plain entries' layout (None: there are none)
+    packed: PackedLayout  # the compressed entries' layout
 
 
 @dataclass(slots=True)
@@ -177,7 +195,9 @@ class _Resident:
     size: int  # bytes reserved, aligned
     v_offset: int  # byte offset of V in the pool
     tokens: int  # kept as a number: spans() reads it for every entry of every request
-    layout: EntryLayout | None  # None: K and V differ in shape or dtype
+    layout: EntryLayout | None  # None: compressed, or K and V differ in shape or dtype
+    packed: PackedLayout | None  # a compressed entry's layout (else None)
+    mixed_row: tuple[int, ...]  # its row of MixedSpans.rows
     ready: Any = None  # torch.cuda.Event while the copy into the pool may be in flight
 
 
@@ -185,6 +205,8 @@ Demote = Callable[[str, FactKV], None]
 _LAYOUT = attrgetter("layout")
 _FINGERPRINT = attrgetter("entry.fingerprint")
 _SPAN_ROW = attrgetter("offset", "v_offset", "tokens")
+_PACKED = attrgetter("packed")
+_MIXED_ROW = attrgetter("mixed_row")
 
 
 class DeviceTier:
@@ -269,12 +291,46 @@ class DeviceTier:
             list(map(_FINGERPRINT, found)).count(fingerprint) != len(found)
         ):
             return None
-        deque(map(entries.move_to_end, keys), maxlen=0)  # most recently used, in order
+        self._used(keys)
+        rows = np.fromiter(chain.from_iterable(map(_SPAN_ROW, found)), np.int64, 3 * len(found))
+        return self._pool, rows.reshape(len(found), 3), layout
+
+    def mixed_spans(self, keys: Sequence[str], fingerprint: str | None = None) -> MixedSpans | None:
+        """:meth:`spans` for a request with compressed entries: None unless every key is
+        resident (with ``fingerprint``, if given), the compressed ones share one
+        :data:`PackedLayout`, the plain ones one layout of the same shape, and at least one is
+        compressed. C-level passes over the keys, as in :meth:`spans`."""
+        entries = self._entries
+        found = list(map(entries.get, keys))
+        if self._pool is None or not found or not all(found):
+            return None
+        packs = list(map(_PACKED, found))
+        plain = len(packs) - packs.count(None)
+        packed = next((p for p in packs if p is not None), None)
+        if packed is None or packs.count(packed) != plain:
+            return None
+        layouts = [r.layout for r in found if r.packed is None]
+        layout = layouts[0] if layouts else None
+        if layouts and (layout is None or layouts.count(layout) != len(layouts)):
+            return None
+        if layout is not None and layout[1:] != packed[3:6]:  # layers, heads, head_dim
+            return None
+        if fingerprint is not None and (
+            list(map(_FINGERPRINT, found)).count(fingerprint) != len(found)
+        ):
+            return None
+        self._used(keys)
+        rows = np.fromiter(chain.from_iterable(map(_MIXED_ROW, found)), np.int64, 8 * len(found))
+        return MixedSpans(self._pool, rows.reshape(len(found), 8), layout, packed)
+
+    def _used(self, keys: Sequence[str]) -> None:
+        """Mark resident ``keys`` most recently used, in order, and order their copies in
+        before the current stream's next work."""
+        entries = self._entries
+        deque(map(entries.move_to_end, keys), maxlen=0)
         if self._copying:
             for key in self._copying.intersection(keys):
                 self._order_copy(key, entries[key])
-        rows = np.fromiter(chain.from_iterable(map(_SPAN_ROW, found)), np.int64, 3 * len(found))
-        return self._pool, rows.reshape(len(found), 3), layout
 
     def touch(self, key: str) -> None:
         self._entries.move_to_end(key)
@@ -303,9 +359,11 @@ class DeviceTier:
         # K, then V, then a compressed entry's scales, each aligned
         sources = entry_tensors(entry)
         views: dict[str, torch.Tensor] = {}
+        offsets: dict[str, int] = {}
         at = offset
         for name, t in sources.items():
             views[name] = _view(pool, at, t)
+            offsets[name] = at
             at += self.allocator.round(_nbytes(t))
         v_offset = offset + self.allocator.round(_nbytes(entry.k))
         ready = None
@@ -323,13 +381,22 @@ class DeviceTier:
         resident = with_tensors(entry, views)
         layers, tokens, heads, dim = entry.k.shape
         layout: EntryLayout | None = (entry.k.dtype, layers, heads, dim)
-        if entry.quant is not None or (entry.v.shape, entry.v.dtype) != (
-            entry.k.shape,
-            entry.k.dtype,
-        ):
+        packed: PackedLayout | None = None
+        row: tuple[int, ...] = (offset, v_offset, tokens, 0, 0, 0, 0, 0)
+        if (quant := entry.quant) is not None:
+            layout = None  # read in place by the mixed kernel (mixed_spans) only
+            if quant.k_dim == quant.v_dim:
+                ks, vs = offsets["k_scale"], offsets["v_scale"]
+                kz, vz = offsets.get("k_zero", ks), offsets.get("v_zero", vs)
+                groups = quant.v_scale.shape[-1]
+                scale_dtype = quant.k_scale.dtype
+                packed = (quant.scheme, entry.k.dtype, scale_dtype, layers, heads, quant.k_dim,
+                          groups)  # fmt: skip
+                row = (offset, v_offset, tokens, 1, ks, kz, vs, vz)
+        elif (entry.v.shape, entry.v.dtype) != (entry.k.shape, entry.k.dtype):
             layout = None  # not readable in place as one kind of entry; views still are
         self._entries[entry.key] = _Resident(
-            resident, offset, size, v_offset, tokens, layout, ready
+            resident, offset, size, v_offset, tokens, layout, packed, row, ready
         )
         if ready is not None:
             self._copying.add(entry.key)

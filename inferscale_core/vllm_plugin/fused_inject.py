@@ -331,6 +331,12 @@ class FusedInjector:
                 f"stored entries of {layers} layers x {heads} heads x {dim} do not fit"
                 f" {len(self.caches)} layers of {self.kv_heads} heads x {self.head_dim}"
             )
+        base = self.pool_view(pool, dtype)
+        info = in_place_info(pieces, spans, dtype)
+        self._launch(base, base, info, start, tokens, block_ids)
+
+    def pool_view(self, pool: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The GPU pool (uint8 [bytes]) seen as ``dtype`` elements, kept per dtype."""
         if pool.device != self.device:
             raise ValueError("the pool is not on the cache's device")
         base = self._pool_views.get(dtype)
@@ -338,8 +344,7 @@ class FusedInjector:
             base = self._pool_views[dtype] = pool[
                 : pool.numel() // dtype.itemsize * dtype.itemsize
             ].view(dtype)
-        info = in_place_info(pieces, spans, dtype)
-        self._launch(base, base, info, start, tokens, block_ids)
+        return base
 
     def _launch(
         self,

@@ -39,13 +39,18 @@ from inferscale_core.kvstore.quant import (
     entry_tensors,
     with_tensors,
 )
+from inferscale_core.kvstore.tiers import MixedSpans
 from inferscale_core.model_spec import ModelSpec
 from inferscale_core.rope import RopeSpec, cos_sin, pure_rotation, shift
 from inferscale_core.tp_heads import RankHeads, rank_heads, slice_heads
 from inferscale_core.types import FactKV
 from inferscale_core.vllm_plugin import fused_inject
 from inferscale_core.vllm_plugin.capture import CacheReader, EntryWriter, capture
-from inferscale_core.vllm_plugin.fused_compressed import StoredPiece, inject_mixed
+from inferscale_core.vllm_plugin.fused_compressed import (
+    StoredPiece,
+    inject_mixed,
+    inject_mixed_in_place,
+)
 from inferscale_core.vllm_plugin.fused_inject import FusedInjector, SourcePiece
 from inferscale_core.vllm_plugin.metadata import InjectionMetadata, LoadOp
 from inferscale_core.vllm_plugin.paged_layouts import (
@@ -309,14 +314,24 @@ class InjectionWorker:
         self,
         op: LoadOp,
         injector: FusedInjector,
-        found: tuple[torch.Tensor, Any, Any] | None,
+        found: tuple[torch.Tensor, Any, Any] | MixedSpans | None,
     ) -> None:
         """Entries all in the GPU pool (``found``: their
         :meth:`~inferscale_core.kvstore.KVStore.device_spans`) are read in place, described by
-        numbers; otherwise each is staged on the device and read as a tensor."""
+        numbers (plain ones, or a request with compressed ones); otherwise each is staged on
+        the device and read as a tensor."""
         self._check_blocks(op)
         tokens = op.end - op.start
-        if found is not None:
+        if isinstance(found, MixedSpans) and self._mixed_kernel:
+            try:
+                inject_mixed_in_place(injector, found, op.pieces, op.start, tokens, op.block_ids)
+                self._count(op, fused=True, in_place=True)
+                return
+            except Exception:  # never fail the step: expand with torch from now on
+                log.exception("the compressed-entry kernel failed; expanding with torch")
+                self._mixed_kernel = False
+            found = None
+        if isinstance(found, tuple):
             pool, spans, layout = found
             injector.inject_in_place(pool, spans, layout, op.pieces, op.start, tokens, op.block_ids)
         else:

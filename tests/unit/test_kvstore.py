@@ -16,6 +16,7 @@ from inferscale_core.kvstore import (
     FingerprintMismatchError,
     KVStore,
 )
+from inferscale_core.kvstore.quant import quantize
 from inferscale_core.kvstore.tiers import DeviceTier, ExtentAllocator
 from inferscale_core.types import FactKV
 from tests.support.hf_oracle import stack_entries
@@ -342,6 +343,41 @@ def test_device_spans_refuse_mixed_layouts_and_other_models(tmp_path):
     other = KVStore(tmp_path / "other", gpu_bytes=1 << 20, device="cpu", fingerprint="fp2")
     other.device_tier.place(_entry("x"), set(), lambda key, views: None)  # fp1 in an fp2 store
     assert other.device_spans(["x"]) is None  # so the load goes through get, which raises
+
+
+def test_mixed_spans_locate_codes_and_scales_of_compressed_entries():
+    tier = DeviceTier(1 << 20, "cpu")
+    keep: set[str] = set()
+    prefix = _entry("prefix-p", 4)
+    facts = {key: quantize(_entry(key, n), "int4") for key, n in (("a", 3), ("b", 5))}
+    for entry in (prefix, *facts.values()):
+        assert tier.place(entry, keep, lambda key, views: None)
+    keys = ["b", "prefix-p", "a"]
+    assert tier.spans(keys) is None  # the plain kernel reads no codes
+    found = tier.mixed_spans(keys)
+    assert found.plain == (torch.float32, 2, 2, 8)
+    assert found.packed == ("int4", torch.uint8, torch.float16, 2, 2, 8, 1)
+    pool = found.pool
+    for row, key in zip(found.rows.tolist(), keys, strict=True):
+        k_at, v_at, tokens, compressed, ks, kz, vs, vz = row
+        views = tier.get(key)
+        base = pool.data_ptr()
+        assert (k_at, v_at) == (views.k.data_ptr() - base, views.v.data_ptr() - base)
+        assert tokens == views.k.shape[1] and compressed == (key != "prefix-p")
+        if compressed:  # the bytes the kernel reads are the entry's codes and scales
+            q = views.quant
+            scales = (q.k_scale, q.k_zero, q.v_scale, q.v_zero)
+            assert (ks, kz, vs, vz) == tuple(t.data_ptr() - base for t in scales)
+            codes = pool[k_at : k_at + views.k.numel()].view(views.k.shape)
+            assert torch.equal(codes, facts[key].k)
+        else:
+            assert (ks, kz, vs, vz) == (0, 0, 0, 0)
+    assert tier.keys()[-3:] == keys  # marked recently used, in order
+    assert tier.mixed_spans(["prefix-p"]) is None  # nothing compressed: spans() reads it
+    assert tier.place(quantize(_entry("c"), "fp8"), keep, lambda key, views: None)
+    assert tier.mixed_spans(["a", "c"]) is None  # one scheme a launch
+    assert tier.mixed_spans(["a", "nope"]) is None  # not resident: staged through get
+    assert tier.mixed_spans(["a"], fingerprint="fp2") is None
 
 
 def test_fingerprint_mismatch_raises_from_every_tier(tmp_path):
