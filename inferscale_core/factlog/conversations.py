@@ -295,3 +295,22 @@ class ConversationsMixin(FactLogBase):
             ids,
         ).fetchall()
         return [_turn_from_row(r) for r in rows]
+
+    def turn_recency(
+        self, turn_ids: Iterable[int]
+    ) -> dict[int, tuple[str, datetime | None, datetime | None]]:
+        """``{turn id: (its conversation's source, its timestamp, the timestamp of the last
+        turn of its conversation that has one)}``: how old a turn was when its conversation
+        ended (the memory worker defers the facts of old imported turns)."""
+        ids = sorted({int(t) for t in turn_ids})
+        if not ids:
+            return {}
+        rows = self.db.execute(
+            "SELECT t.id, c.source, t.timestamp, (SELECT e.timestamp FROM turns e"
+            " WHERE e.conversation_id = t.conversation_id AND e.timestamp IS NOT NULL"
+            " ORDER BY e.idx DESC LIMIT 1)"
+            " FROM turns t JOIN conversations c ON c.id = t.conversation_id"
+            f" WHERE t.id IN ({','.join('?' * len(ids))})",
+            ids,
+        ).fetchall()
+        return {tid: (source, parse_dt(ts), parse_dt(last)) for tid, source, ts, last in rows}

@@ -7,11 +7,21 @@ key (the ``location`` column). Only active facts get rows (:meth:`KVIndexMixin.r
 refuses others); the rows of a superseded fact are left for :meth:`KVIndexMixin.prune_kv`,
 those of a retired or forgotten fact are deleted with it. Whoever deletes rows gets their keys
 back and deletes the tensors.
+
+KV is a cache the log can rebuild: ``kv_entries.used_at`` says when an entry was last injected
+(:meth:`KVIndexMixin.note_kv_used`), and :meth:`KVIndexMixin.evict_kv` drops the least
+recently used entries of a model to keep its store under a byte budget. The facts whose
+encoding waits until they are retrieved are in ``kv_deferred`` (:meth:`KVIndexMixin.defer_kv`,
+reason 'evicted' or 'import'); :meth:`KVIndexMixin.facts_without_kv` leaves them out, and
+:meth:`KVIndexMixin.want_kv` puts them back in the queue. Crash order of an eviction: the
+rows go (one transaction), then the caller deletes the files; a crash in between leaves a file
+no row names, never a row without its file.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 
 from inferscale_core.factlog._base import (
     FACT_COLUMNS,
@@ -32,9 +42,11 @@ class KVIndexMixin(FactLogBase):
         encoder_version: str | int,
         limit: int | None = None,
     ) -> list[Fact]:
-        """Active facts of the profile with no KV entry for this (model, w, encoder), by id."""
+        """Active facts of the profile with no KV entry for this (model, w, encoder), by id;
+        deferred facts (:meth:`defer_kv`) are left out."""
         rows = self.db.execute(
             f"SELECT {FACT_COLUMNS} FROM facts f WHERE profile_id = ? AND status = 'active'"
+            " AND NOT EXISTS (SELECT 1 FROM kv_deferred d WHERE d.fact_id = f.id)"
             " AND NOT EXISTS (SELECT 1 FROM kv_entries k WHERE k.fact_id = f.id"
             " AND k.model_fingerprint = ? AND k.w = ? AND k.encoder_version = ?)"
             " ORDER BY id LIMIT ?",
@@ -154,6 +166,7 @@ class KVIndexMixin(FactLogBase):
                 f"SELECT location FROM kv_entries WHERE fact_id IN ({inactive})", (profile_id,)
             ).fetchall()
             self.db.execute(f"DELETE FROM kv_entries WHERE fact_id IN ({inactive})", (profile_id,))
+            self.db.execute(f"DELETE FROM kv_deferred WHERE fact_id IN ({inactive})", (profile_id,))
         return sorted({r[0] for r in rows})
 
     def _drop_kv(self, fact_id: int) -> list[str]:
@@ -163,4 +176,162 @@ class KVIndexMixin(FactLogBase):
             "SELECT location FROM kv_entries WHERE fact_id = ?", (fact_id,)
         ).fetchall()
         self.db.execute("DELETE FROM kv_entries WHERE fact_id = ?", (fact_id,))
+        self.db.execute("DELETE FROM kv_deferred WHERE fact_id = ?", (fact_id,))
         return sorted({r[0] for r in rows})
+
+    # ---- KV as a cache: deferred encoding, use, the byte budget ----
+    def defer_kv(self, fact_ids: Sequence[int], reason: str) -> int:
+        """Leave these facts' encoding until they are retrieved: ``reason`` is 'evicted' (their
+        KV was dropped for the budget) or 'import' (an old imported turn). Only active facts
+        are deferred; a fact deferred already keeps its first reason. Returns how many were
+        deferred now."""
+        if reason not in ("evicted", "import"):
+            raise ValueError(f"reason must be 'evicted' or 'import', got {reason!r}")
+        done = 0
+        with self.transaction():
+            for chunk, marks in id_chunks(fact_ids):
+                done += self.db.execute(
+                    "INSERT OR IGNORE INTO kv_deferred (fact_id, reason, since)"
+                    f" SELECT id, ?, ? FROM facts WHERE id IN ({marks}) AND status = 'active'",
+                    (reason, utc_now(), *chunk),
+                ).rowcount
+        return done
+
+    def want_kv(self, fact_ids: Sequence[int]) -> dict[int, str]:
+        """Put deferred facts among these back in the encoding queue; ``{fact id: reason}`` of
+        those that were deferred (nothing is written when none was: the chat thread calls
+        this for every reply's text facts)."""
+        found: dict[int, str] = {}
+        for chunk, marks in id_chunks(fact_ids):
+            rows = self.db.execute(
+                f"SELECT fact_id, reason FROM kv_deferred WHERE fact_id IN ({marks})", chunk
+            ).fetchall()
+            found.update(rows)
+        if found:
+            with self.transaction():
+                for chunk, marks in id_chunks(list(found)):
+                    self.db.execute(f"DELETE FROM kv_deferred WHERE fact_id IN ({marks})", chunk)
+        return found
+
+    def deferred_kv(self, profile_id: int) -> dict[str, int]:
+        """How many of the profile's active facts are deferred, per reason."""
+        rows = self.db.execute(
+            "SELECT d.reason, count(*) FROM kv_deferred d JOIN facts f ON f.id = d.fact_id"
+            " WHERE f.profile_id = ? AND f.status = 'active' GROUP BY d.reason",
+            (profile_id,),
+        ).fetchall()
+        return dict(rows)
+
+    def deferred_facts(self, profile_id: int, reason: str | None = None) -> list[int]:
+        """The ids of the profile's deferred active facts (of one ``reason``, or all), sorted."""
+        rows = self.db.execute(
+            "SELECT d.fact_id FROM kv_deferred d JOIN facts f ON f.id = d.fact_id"
+            " WHERE f.profile_id = ? AND f.status = 'active' AND (? IS NULL OR d.reason = ?)"
+            " ORDER BY d.fact_id",
+            (profile_id, reason, reason),
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    def note_kv_used(self, locations: Iterable[str], when: datetime) -> int:
+        """Record that the entries under these keys were injected at ``when`` (one UPDATE per
+        500 keys; the memory worker batches a reply's keys). Returns the rows updated."""
+        stamp = when.astimezone(UTC).isoformat(timespec="microseconds")
+        unique = list(dict.fromkeys(locations))
+        done = 0
+        if not unique:
+            return 0
+        with self.transaction():
+            for start in range(0, len(unique), 500):
+                chunk = unique[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                done += self.db.execute(
+                    f"UPDATE kv_entries SET used_at = ? WHERE location IN ({marks})"
+                    " AND (used_at IS NULL OR used_at < ?)",
+                    (stamp, *chunk, stamp),
+                ).rowcount
+        return done
+
+    def kv_bytes(self, model_fingerprint: str) -> int:
+        """The bytes the rows of one model record (SUM(nbytes), every profile and encoding):
+        what its store holds, as the budget counts it."""
+        return int(
+            self._one(
+                "SELECT COALESCE(SUM(nbytes), 0) FROM kv_entries WHERE model_fingerprint = ?",
+                (model_fingerprint,),
+            )
+        )
+
+    def evict_kv(
+        self, model_fingerprint: str, target_bytes: int, spare_since: datetime
+    ) -> list[str]:
+        """Drop the least recently used entries of one model until its rows record at most
+        ``target_bytes``, in one transaction; entries used at or after ``spare_since`` are
+        kept (a reply may be loading them). Active facts left without an entry of this model
+        are deferred ('evicted'), so the worker does not encode them again until they are
+        retrieved. Returns the keys no row names any more, sorted: the caller deletes those
+        files *after* this returns (a crash in between leaves an unrecorded file, never a
+        row without its file)."""
+        spare = spare_since.astimezone(UTC).isoformat(timespec="microseconds")
+        with self.transaction():
+            total = self.kv_bytes(model_fingerprint)
+            if total <= target_bytes:
+                return []
+            rows = self.db.execute(
+                "SELECT rowid, fact_id, location, nbytes FROM kv_entries"
+                " WHERE model_fingerprint = ? AND (used_at IS NULL OR used_at < ?)"
+                " ORDER BY COALESCE(used_at, created_at), rowid",
+                (model_fingerprint, spare),
+            )
+            dropped: list[tuple[int, int, str]] = []
+            for rowid, fact_id, location, nbytes in rows:
+                if total <= target_bytes:
+                    break
+                dropped.append((rowid, fact_id, location))
+                total -= nbytes
+            rows.close()
+            for start in range(0, len(dropped), 500):
+                chunk = [rowid for rowid, _, _ in dropped[start : start + 500]]
+                marks = ",".join("?" * len(chunk))
+                self.db.execute(f"DELETE FROM kv_entries WHERE rowid IN ({marks})", chunk)
+            bare = self._without_kv([fact_id for _, fact_id, _ in dropped], model_fingerprint)
+            self.defer_kv(bare, "evicted")
+            gone = self._unnamed([location for _, _, location in dropped], model_fingerprint)
+        return gone
+
+    def _without_kv(self, fact_ids: Sequence[int], model_fingerprint: str) -> list[int]:
+        """Those of ``fact_ids`` with no row of this model left."""
+        kept: set[int] = set()
+        for chunk, marks in id_chunks(fact_ids):
+            rows = self.db.execute(
+                f"SELECT DISTINCT fact_id FROM kv_entries WHERE fact_id IN ({marks})"
+                " AND model_fingerprint = ?",
+                (*chunk, model_fingerprint),
+            ).fetchall()
+            kept.update(r[0] for r in rows)
+        return [i for i in dict.fromkeys(fact_ids) if i not in kept]
+
+    def _unnamed(self, locations: Sequence[str], model_fingerprint: str) -> list[str]:
+        """Those of ``locations`` no row of this model names (two encodings of a fact can
+        share a key; each model has a store of its own)."""
+        unique = sorted(set(locations))
+        named: set[str] = set()
+        for start in range(0, len(unique), 500):
+            chunk = unique[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = self.db.execute(
+                f"SELECT DISTINCT location FROM kv_entries WHERE location IN ({marks})"
+                " AND model_fingerprint = ?",
+                (*chunk, model_fingerprint),
+            ).fetchall()
+            named.update(r[0] for r in rows)
+        return [location for location in unique if location not in named]
+
+    def resize_kv(self, sizes: dict[str, int]) -> None:
+        """Record new ``nbytes`` for entries rewritten under the same key (a conversion to
+        another ``kv_store_dtype``), so the budget counts what they take now."""
+        if sizes:
+            with self.transaction():
+                self.db.conn.executemany(
+                    "UPDATE kv_entries SET nbytes = ? WHERE location = ?",
+                    [(n, key) for key, n in sizes.items()],
+                )

@@ -411,6 +411,34 @@ def m013_facts_fts_per_profile(db: Database) -> None:
         db.execute(f"INSERT INTO {fts} ({fts}) VALUES ('optimize')")
 
 
+@migrations()
+def m014_kv_deferred(db: Database) -> None:
+    # KV is a cache the fact log can rebuild (issue 34). kv_entries.used_at is when an entry
+    # was last injected (NULL: never), the order in which the store budget drops entries
+    # (least recently used first, by COALESCE(used_at, created_at)); the expression index
+    # serves that order per model. kv_deferred holds the facts whose encoding waits until they
+    # are retrieved: 'evicted' (their KV was dropped for the budget) or 'import' (an old turn
+    # of an imported conversation). facts_without_kv leaves them out; a retrieval takes them
+    # out again. A fact that is forgotten or retired loses its row with its KV rows (and a
+    # deleted fact by the cascade). Locations get an index: the used-at updates and the
+    # damaged-entry drops look rows up by it.
+    db.execute("ALTER TABLE kv_entries ADD COLUMN used_at TEXT")
+    db.execute("CREATE INDEX idx_kv_entries_location ON kv_entries (location)")
+    db.execute(
+        "CREATE INDEX idx_kv_entries_lru ON kv_entries"
+        " (model_fingerprint, COALESCE(used_at, created_at))"
+    )
+    db.execute(
+        """
+        CREATE TABLE kv_deferred (
+            fact_id INTEGER PRIMARY KEY REFERENCES facts(id) ON DELETE CASCADE,
+            reason TEXT NOT NULL CHECK (reason IN ('evicted', 'import')),
+            since TEXT NOT NULL
+        )
+        """
+    )
+
+
 def migrate(db: Database) -> None:
     """Apply every pending migration; a no-op when the schema is current.
 

@@ -79,7 +79,9 @@ EXPECTED_COLUMNS = {
         "num_tokens": int,
         "nbytes": int,
         "created_at": str,
+        "used_at": str,
     },
+    "kv_deferred": {"fact_id": int, "reason": str, "since": str},
     "fact_embeddings": {"fact_id": int, "model": str, "dim": int, "vector": bytes},
     "imports": {
         "id": int,
@@ -159,6 +161,7 @@ def test_migrations_create_the_schema_and_reapply_as_a_no_op():
         "m011_facts_fts",
         "m012_fact_search_context",
         "m013_facts_fts_per_profile",
+        "m014_kv_deferred",
     ]
     assert db["kv_entries"].pks == ["fact_id", "model_fingerprint", "w", "encoder_version"]
     assert db["fact_embeddings"].pks == ["fact_id", "model"]
