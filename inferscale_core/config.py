@@ -25,10 +25,16 @@ Example file::
     recompute = 4       # the best hits prefilled with the question, not injected
     kv_store_dtype = "auto"  # auto | model | fp8 | int4: how memories' KV is kept (auto: int4
                              # on the CPU engine, model on CUDA)
+    kv_disk_budget = "auto"  # auto | off | a size ("20 GB", "1.5GiB", bytes): the most the KV
+                             # store keeps; the least recently injected KV is dropped past it
+                             # (auto: 25% of the free disk plus what the store holds, at start)
+    kv_encode_recent_days = 30  # imported turns older than this before their conversation's
+                                # last are encoded when first retrieved; "all": encode all
 """
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -44,6 +50,33 @@ KV_STORE_DTYPES = ("auto", "model", "fp8", "int4")  # kvstore.quant.SCHEMES and 
 # 3.5x smaller than bf16, but 100 users at k=50 ran at 40 req/s against 84 (the load of 5,000
 # compressed entries is still per-fact host work), so the model's dtype until it is not.
 AUTO_STORE_DTYPE = {"cpu": "int4", "cuda": "model"}
+# kv_disk_budget = "auto": this share of (the free bytes on the store's file system + the bytes
+# the store holds), resolved when the assistant starts.
+AUTO_DISK_SHARE = 0.25
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*([kmgt]i?b|b)?\s*", re.IGNORECASE)
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_UNITS |= {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_size(value: str | int) -> int:
+    """Bytes of a size as the settings write it: a whole number of bytes, or a number and a
+    unit, ``"20 GB"``, ``"500MB"``, ``"1.5GiB"`` (kB/MB/GB/TB are powers of 1000, KiB/MiB/
+    GiB/TiB of 1024). Raises :class:`ConfigError` for anything else or a size of 0."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ConfigError(f"a size must be text like '20 GB' or a number of bytes, got {value!r}")
+    found = None if isinstance(value, int) else _SIZE.fullmatch(value)
+    if isinstance(value, int):
+        size = value
+    elif found is None:
+        raise ConfigError(
+            f"{value!r} is not a size: write a number and a unit (B, kB, MB, GB, TB, KiB, MiB,"
+            f" GiB, TiB), e.g. '20 GB' or '1.5GiB', or a number of bytes"
+        )
+    else:
+        size = int(float(found.group(1)) * _UNITS[(found.group(2) or "b").lower()])
+    if size <= 0:
+        raise ConfigError(f"a size must be more than 0 bytes, got {value!r}")
+    return size
 
 
 class ConfigError(ValueError):
@@ -75,6 +108,14 @@ class AppConfig:
     # the model's dtype (exact), "fp8" is ~4x smaller than fp32 / 2x than bf16, "int4" ~7x /
     # 3.5x. "auto": int4 on the CPU engine, the model's dtype on CUDA (AUTO_STORE_DTYPE).
     kv_store_dtype: str = "auto"
+    # The most the KV store keeps on disk (per model): past it the memory worker drops the KV of
+    # the least recently injected facts (the facts stay; they go in as text and are encoded
+    # again when retrieved). "auto": AUTO_DISK_SHARE of the free disk plus what the store
+    # holds, resolved at start; "off": no limit; or a size (parse_size).
+    kv_disk_budget: str | int = "auto"
+    # Facts from imported turns older than this many days before the last turn of their
+    # conversation are encoded when first retrieved, not at import ("all": every one now).
+    kv_encode_recent_days: int | str = 30
 
     def __post_init__(self) -> None:
         if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()):
@@ -115,6 +156,18 @@ class AppConfig:
                 f"kv_store_dtype must be one of {', '.join(KV_STORE_DTYPES)};"
                 f" got {self.kv_store_dtype!r}"
             )
+        if self.kv_disk_budget not in ("auto", "off"):
+            try:
+                parse_size(self.kv_disk_budget)
+            except ConfigError as exc:
+                raise ConfigError(
+                    f"kv_disk_budget must be auto, off or a size; {exc}"
+                ) from None
+        days = self.kv_encode_recent_days
+        if days != "all" and (isinstance(days, bool) or not isinstance(days, int) or days < 0):
+            raise ConfigError(
+                f"kv_encode_recent_days must be a whole number of days >= 0 or all, got {days!r}"
+            )
         if self.extractor not in EXTRACTORS:
             raise ConfigError(
                 f"extractor must be one of {', '.join(EXTRACTORS)}; got {self.extractor!r}"
@@ -147,6 +200,21 @@ class AppConfig:
         import torch
 
         return AUTO_STORE_DTYPE["cuda" if torch.cuda.is_available() else "cpu"]
+
+    def disk_budget(self, free_bytes: int, held_bytes: int) -> int | None:
+        """``kv_disk_budget`` in bytes (None: off), "auto" resolved for a store holding
+        ``held_bytes`` on a file system with ``free_bytes`` free."""
+        if self.kv_disk_budget == "off":
+            return None
+        if self.kv_disk_budget == "auto":
+            return int(AUTO_DISK_SHARE * (free_bytes + held_bytes))
+        return parse_size(self.kv_disk_budget)
+
+    @property
+    def encode_recent_days(self) -> int | None:
+        """``kv_encode_recent_days`` as the memory worker takes it (None: "all")."""
+        days = self.kv_encode_recent_days
+        return None if days == "all" else int(days)
 
     def to_dict(self) -> dict[str, Any]:
         """The TOML table: every key, except those left to a default (None: TOML has no null)."""

@@ -6,6 +6,13 @@ current (model, w, encoder) still need encoding. A fact becomes injectable only 
 tensors are durably stored *and* the row is written, so a crash at any point leaves work that
 the next start simply finds again — nothing is lost and content-addressed keys make a redo a
 no-op. After a model change the same query finds every fact stale, and they are re-encoded.
+
+KV is a cache the fact log can rebuild. With a disk budget, after each batch and when idle the
+worker drops the least recently injected entries of its model down to 90% of the budget
+(:func:`evict_over_budget`); their facts are deferred, encoded again only once retrieved. The
+chat thread tells it which entries a reply injected (:meth:`MemoryWorker.note_used`); it
+writes them, one UPDATE a batch, on its own thread. Facts from old turns of an imported
+conversation are deferred likewise (``encode_recent_days``).
 """
 
 from __future__ import annotations
@@ -16,19 +23,24 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 from inferscale_core.composer import fact_line
 from inferscale_core.context_window import ANCHORED, encoding_version
 from inferscale_core.extractor import Extractor, FactOp
 from inferscale_core.factlog import FactLog, InactiveFactError
+from inferscale_core.importers import FORMATS as IMPORTED_SOURCES
 from inferscale_core.kvstore import EntryMissingError, KVStore
 from inferscale_core.prompt_builder import MemoryFact, PromptBuilder
 from inferscale_core.retriever import Retriever
 from inferscale_core.types import Fact, Turn
 
 log = logging.getLogger(__name__)
+
+EVICT_TO = 0.9  # over budget: drop entries down to this share of it
+SPARE_SECONDS = 60.0  # entries injected this recently are never dropped
 
 
 @dataclass(slots=True)
@@ -44,6 +56,10 @@ class WorkerStats:
     last_error: str | None = None
     to_convert: int = 0  # stored entries of another kv_store_dtype, left to rewrite
     converted: int = 0
+    evicted: int = 0  # entries dropped for the disk budget (their facts deferred)
+    deferred: int = 0  # the profile's facts whose encoding waits until they are retrieved
+    kv_bytes: int = 0  # what the model's entries take, as recorded (every profile)
+    disk_budget: int | None = None  # bytes; None: no budget
     running: bool = False
     paused: bool = False
 
@@ -59,6 +75,29 @@ class _Rate:
     def per_second(self) -> float:
         seconds = sum(s for s, _ in self.window)
         return sum(c for _, c in self.window) / seconds if seconds > 0 else 0.0
+
+
+def evict_over_budget(
+    factlog: FactLog,
+    store: KVStore,
+    budget: int,
+    spare_seconds: float = SPARE_SECONDS,
+    now: datetime | None = None,
+) -> list[str]:
+    """Over ``budget`` bytes (the rows of ``store``'s model, every profile): drop the least
+    recently injected entries down to :data:`EVICT_TO` of it, sparing those injected in the
+    last ``spare_seconds``. The rows go first, in one transaction; then the files. Returns the
+    keys deleted."""
+    fingerprint = store.fingerprint
+    assert fingerprint is not None, "a budget needs the store of one model"
+    if factlog.kv_bytes(fingerprint) <= budget:
+        return []
+    now = now or datetime.now(UTC)
+    spare_since = now - timedelta(seconds=spare_seconds)
+    keys = factlog.evict_kv(fingerprint, int(budget * EVICT_TO), spare_since)
+    for key in keys:  # after the commit: a crash here leaves files no row names
+        store.delete(key)
+    return keys
 
 
 def context_line(turn: Turn) -> str:
@@ -97,6 +136,9 @@ class MemoryWorker:
         make_retriever: Callable[[FactLog], Retriever] | None = None,
         poll_seconds: float = 1.0,
         wait_for_chat: Callable[[float], bool] | None = None,
+        disk_budget: int | None = None,
+        encode_recent_days: int | None = None,
+        spare_seconds: float = SPARE_SECONDS,
     ) -> None:
         self.open_log = open_log
         self.profile_id = profile_id
@@ -130,6 +172,15 @@ class MemoryWorker:
         self._thread: threading.Thread | None = None
         # (fact id, key, stored scheme) of entries to rewrite (_convert_batch)
         self._to_convert: list[tuple[int, str, str]] | None = None
+        # Bytes the model's entries may take (None: no budget); entries injected within
+        # spare_seconds are kept. Facts of imported turns older than encode_recent_days
+        # before their conversation's last turn are deferred (None: every fact encoded).
+        self.disk_budget = disk_budget
+        self.stats.disk_budget = disk_budget
+        self.spare_seconds = spare_seconds
+        self.encode_recent_days = encode_recent_days
+        self._used: dict[str, datetime] = {}  # entry key -> when a reply injected it
+        self._used_lock = threading.Lock()
 
     @property
     def encoding(self) -> str:
@@ -173,6 +224,18 @@ class MemoryWorker:
                 self._resume.set()
                 self.stats.paused = False
 
+    @property
+    def started(self) -> bool:
+        """Whether the thread runs (so that what is queued now gets done in this process)."""
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+
+    def note_used(self, keys: Iterable[str]) -> None:
+        """A reply injected these entries (any thread; the worker's thread writes them)."""
+        now = datetime.now(UTC)
+        with self._used_lock:
+            for key in keys:
+                self._used[key] = now
+
     def wait_idle(self, timeout: float = 60.0) -> bool:
         """Block until the worker found nothing left to do (True) or the timeout passed."""
         self.wake()
@@ -193,6 +256,7 @@ class MemoryWorker:
                     did = self._extract_batch(factlog) + self._encode_batch(factlog)
                     if not did:  # nothing new: rewrite older entries in today's kv_store_dtype
                         did = self._convert_batch(factlog)
+                    self._keep_budget(factlog)
                     self._refresh_counts(factlog)
                 except _ChatTurn:  # a chat turn: the batch is redone after it
                     continue
@@ -212,10 +276,31 @@ class MemoryWorker:
                     self._wake.wait(self.poll_seconds)
                     self._wake.clear()
         finally:
+            with contextlib.suppress(Exception):  # a last write of what replies used
+                self._flush_used(factlog)
             self.stats.running = False
             factlog.close()
 
+    def _flush_used(self, factlog: FactLog) -> None:
+        """Write which entries replies injected since the last flush (one UPDATE)."""
+        with self._used_lock:
+            used, self._used = self._used, {}
+        if used:
+            factlog.note_kv_used(used, max(used.values()))
+
+    def _keep_budget(self, factlog: FactLog) -> None:
+        """Over the disk budget: drop the least recently injected entries (after writing which
+        were injected lately, so none of those goes)."""
+        self._flush_used(factlog)
+        self.stats.disk_budget = self.disk_budget
+        if self.disk_budget is None:
+            return
+        evicted = evict_over_budget(factlog, self.store, self.disk_budget, self.spare_seconds)
+        self.stats.evicted += len(evicted)
+        self.stats.kv_bytes = factlog.kv_bytes(self.builder.fingerprint)
+
     def _refresh_counts(self, factlog: FactLog) -> None:
+        self.stats.deferred = sum(factlog.deferred_kv(self.profile_id).values())
         cursor = factlog.extraction_cursor(self.profile_id)
         self.stats.pending_turns = len(factlog.turns(self.profile_id, after_id=cursor))
         self.stats.pending_facts = len(
@@ -243,6 +328,7 @@ class MemoryWorker:
                         self._to_convert.append((fact_id, key, scheme))
             self.stats.to_convert = len(self._to_convert)
         converted, again, taken = 0, [], 0
+        sizes: dict[str, int] = {}
         while self._to_convert and taken < self.batch_size:
             if self._pauses:  # a chat turn: the rest waits for the next idle moment
                 break
@@ -253,15 +339,25 @@ class MemoryWorker:
                 continue
             self._to_convert.append((fact_id, key, scheme))  # listed until written: a full disk
             with contextlib.suppress(EntryMissingError):  # forgotten meanwhile
-                converted += self.store.convert(key)
+                if self.store.convert(key):
+                    converted += 1
+                    sizes[key] = self.store.header(key).nbytes
             self._to_convert.pop()
-        facts = [f for i in again if (f := factlog.get_fact(i)) and f.status == "active"]
+        # still recorded (not forgotten, nor evicted for the budget: no file without a row)
+        recorded = factlog.kv_keys_for(again, self.builder.fingerprint, self.w, self.encoding)
+        facts = [
+            f
+            for i in again
+            if i in recorded and (f := factlog.get_fact(i)) and f.status == "active"
+        ]
         if facts:
             self._step_aside()
             memory = [self._memory_fact(factlog, fact) for fact in facts]
             spaces = [f"{fact.profile_id}/{fact.id}" for fact in facts]
-            self.builder.encode_many(memory, spaces, again=True)  # same keys, rewritten
+            entries = self.builder.encode_many(memory, spaces, again=True)  # same keys, rewritten
+            sizes.update((key, self.store.header(key).nbytes) for key, _ in entries)
             converted += len(facts)
+        factlog.resize_kv(sizes)  # the budget counts what they take now
         self.stats.converted += converted
         self.stats.to_convert = len(self._to_convert)
         return taken
@@ -274,6 +370,7 @@ class MemoryWorker:
         added: list[int] = []
         removed: list[int] = []
         done = 0
+        old = self._old_imported_turns(factlog, [turn_id for turn_id, _ in turns])
         for turn_id, turn in turns:
             if self._pauses and not done:  # a chat turn started: it gets the machine
                 raise _ChatTurn
@@ -286,6 +383,8 @@ class MemoryWorker:
                 if op.op == "add" and self._is_near_duplicate(op.text):
                     continue
                 self._apply(factlog, op, turn_id, added, removed)
+            if turn_id in old and len(added) > new_added:  # encoded once first retrieved
+                factlog.defer_kv(added[new_added:], "import")
             factlog.set_extraction_cursor(self.profile_id, turn_id)
             done += 1
             if self._retriever is not None:  # index (and store embeddings) turn by turn
@@ -298,6 +397,23 @@ class MemoryWorker:
         if added or removed:
             self.on_change(added, removed)
         return done
+
+    def _old_imported_turns(self, factlog: FactLog, turn_ids: list[int]) -> set[int]:
+        """Those of ``turn_ids`` from an imported conversation, dated more than
+        ``encode_recent_days`` before its last dated turn (their facts are deferred). A turn
+        of a live conversation (chat, ``ask``, a server's), or without a date, is not."""
+        if self.encode_recent_days is None:
+            return set()
+        old = set()
+        limit = timedelta(days=self.encode_recent_days)
+        for turn_id, (source, when, last) in factlog.turn_recency(turn_ids).items():
+            if source not in IMPORTED_SOURCES or when is None or last is None:
+                continue
+            if (when.tzinfo is None) != (last.tzinfo is None):  # one zone unknown: as local
+                when, last = when.replace(tzinfo=None), last.replace(tzinfo=None)
+            if last - when > limit:
+                old.add(turn_id)
+        return old
 
     def _step_aside(self) -> None:
         """Wait while a chat turn's prompt is being computed (see ``wait_for_chat``)."""

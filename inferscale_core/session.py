@@ -4,7 +4,9 @@ The UI only calls this. Retrieval runs on the caller's thread; extraction and en
 the :class:`~inferscale_core.memory_worker.MemoryWorker` thread, which tells the session which
 facts became injectable. A retrieved fact whose KV is not stored yet still reaches the model,
 as plain text after the injected span (prefilled like the question), so nothing retrieved is
-ever dropped while encoding catches up.
+ever dropped while encoding catches up. One whose KV the disk budget dropped (or whose encoding
+an import deferred) goes in so too, and is queued for encoding again; the entries a reply
+injects are reported to the worker, which records when each was last used.
 """
 
 from __future__ import annotations
@@ -38,6 +40,14 @@ from inferscale_core.types import (
 
 SYNC_THRESHOLD = 64  # more new facts than this: rebuild the index from stored embeddings
 
+# How a memory went into a reply (InjectedFact.how; the memory panel, `ask --json`, serve):
+INJECTED = "injected"  # its KV, from the store
+RECOMPUTED = "recomputed"  # one of the best hits, prefilled after the injected ones
+TEXT = "text"  # its KV is not ready (not encoded yet): prefilled likewise
+REENCODING = "text (re-encoding)"  # its KV was dropped for the disk budget: prefilled, and
+#                                    encoded again in the background
+HOWS = (INJECTED, RECOMPUTED, TEXT, REENCODING)
+
 
 @dataclass(slots=True)
 class SessionConfig:
@@ -62,7 +72,8 @@ class InjectedFact:
     refers_to: str | None
     score: float
     # "injected" (KV from the store), "recomputed" (one of the best hits, prefilled after the
-    # injected ones: it attends to them), "text" (KV not ready: prefilled likewise)
+    # injected ones: it attends to them), "text" (KV not ready: prefilled likewise), "text
+    # (re-encoding)" (KV dropped for the disk budget: prefilled, encoded again): HOWS
     how: str
     tier: str | None = None  # which store tier served it, when injected
 
@@ -91,7 +102,7 @@ class Reply:
 
     @property
     def injected_fact_ids(self) -> list[int]:
-        return [f.fact_id for f in self.facts if f.how == "injected"]
+        return [f.fact_id for f in self.facts if f.how == INJECTED]
 
 
 @dataclass(slots=True)
@@ -180,7 +191,9 @@ class Session:
     ) -> tuple[list[tuple[str, list[int]]], list[str], list[InjectedFact]]:
         """Split hits into stored KV entries and text lines, in hit order: a fact goes in as
         text when its KV is not ready, or when it is one of the ``recompute`` best hits (then
-        it is prefilled with the question, after every injected fact, and attends to them)."""
+        it is prefilled with the question, after every injected fact, and attends to them).
+        A text fact whose encoding was deferred is queued again (when a worker runs to do
+        it); the injected entries are noted as used (the budget drops the least recent)."""
         entries, lines, used = [], [], []
         injectable = [h.fact.id for h in hits if h.rank > self.config.recompute]
         # one query and one folder stat for all the hits (not a query and 3 stats each)
@@ -194,7 +207,7 @@ class Session:
             when = fact.refers_to.isoformat() if fact.refers_to else None
             if hit.rank <= self.config.recompute:  # rank 1 = the best hit
                 lines.append(fact_line(fact.text, fact.refers_to))
-                used.append(InjectedFact(fact.id, fact.text, when, hit.score, "recomputed"))
+                used.append(InjectedFact(fact.id, fact.text, when, hit.score, RECOMPUTED))
                 continue
             key = keys.get(fact.id)
             header = None
@@ -204,13 +217,30 @@ class Session:
             if header is not None:
                 entries.append((key, list(header.token_ids)))
                 used.append(
-                    InjectedFact(fact.id, fact.text, when, hit.score, "injected", tiers[key])
+                    InjectedFact(fact.id, fact.text, when, hit.score, INJECTED, tiers[key])
                 )
             else:
                 lines.append(fact_line(fact.text, fact.refers_to))
-                used.append(InjectedFact(fact.id, fact.text, when, hit.score, "text"))
+                used.append(InjectedFact(fact.id, fact.text, when, hit.score, TEXT))
         self._encode_lost()
+        self._encode_deferred([f for f in used if f.how == TEXT])
+        if entries and self.worker is not None:
+            self.worker.note_used(key for key, _ in entries)
         return entries, lines, used
+
+    def _encode_deferred(self, text_facts: list[InjectedFact]) -> None:
+        """Retrieved facts going in as text whose encoding was deferred are queued again; one
+        whose KV the budget dropped says so ("text (re-encoding)"). Only while a worker runs
+        here (``ask --no-log`` writes nothing)."""
+        if not text_facts or self.worker is None or not self.worker.started:
+            return
+        deferred = self.factlog.want_kv([f.fact_id for f in text_facts])
+        if not deferred:
+            return
+        for fact in text_facts:
+            if deferred.get(fact.fact_id) == "evicted":
+                fact.how = REENCODING
+        self.worker.wake()
 
     def _encode_lost(self) -> None:
         """Entries the store found damaged (and deleted) are encoded again: their facts go in
@@ -292,13 +322,13 @@ class Session:
                 turn.cache_salt = f"inferscale/prompt/{self.builder.salt_scope}"
             when = [h.fact.refers_to.isoformat() if h.fact.refers_to else None for h in hits]
             reply.facts = [
-                InjectedFact(h.fact.id, h.fact.text, d, h.score, "text")
+                InjectedFact(h.fact.id, h.fact.text, d, h.score, TEXT)
                 for h, d in zip(hits, when, strict=True)
             ]
         else:
             entries, lines, reply.facts = self._plan(hits)
             turn.injected_keys = [key for key, _ in entries]
-            recomputed = sum(1 for f in reply.facts if f.how == "recomputed")
+            recomputed = sum(1 for f in reply.facts if f.how == RECOMPUTED)
             turn.prompt = self.builder.compose(
                 entries, text, history, self.config.w, lines, self.config.window, recomputed
             )
@@ -360,10 +390,10 @@ class Session:
         """Settle how each memory went in, and log the reply with its details (if the user's
         turn was logged)."""
         reply = turn.reply
-        injected = [f for f in reply.facts if f.how == "injected"]
+        injected = [f for f in reply.facts if f.how == INJECTED]
         if reply.result is not None and reply.result.refused:
             for fact in reply.facts:
-                fact.how = "text" if fact.how == "injected" else fact.how
+                fact.how = TEXT if fact.how == INJECTED else fact.how
         elif reply.result is not None:
             for fact, key in zip(injected, turn.injected_keys, strict=True):
                 fact.tier = reply.result.entry_tiers.get(key, fact.tier)  # none if stopped early

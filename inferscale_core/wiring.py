@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from inferscale_core.embedder import Embedder
     from inferscale_core.engine import Engine
     from inferscale_core.extractor import Extractor
+    from inferscale_core.factlog import FactLog
     from inferscale_core.memory_worker import MemoryWorker
     from inferscale_core.prompt_builder import PromptBuilder
     from inferscale_core.session import Session, SessionConfig
@@ -152,6 +153,17 @@ def build(
     return Assistant(model_dir, store.fingerprint, store, builder, engine)
 
 
+def disk_budget(config: AppConfig, store: KVStore, factlog: FactLog) -> int | None:
+    """``config.kv_disk_budget`` in bytes for ``store`` (None: off); "auto" is resolved now,
+    from the free bytes of the store's file system and the bytes its model's entries take."""
+    import shutil
+
+    if config.kv_disk_budget == "off":
+        return None
+    held = factlog.kv_bytes(store.fingerprint) if store.fingerprint else 0
+    return config.disk_budget(shutil.disk_usage(store.root).free, held)
+
+
 def make_extractor(config: AppConfig, engine: Engine) -> Extractor:
     """The fact extractor ``config.extractor`` names; "auto" is the deterministic one for the
     embedded model (too small to extract reliably) and the LLM otherwise."""
@@ -232,6 +244,8 @@ def open_session(
         on_change=session.notify_changed,
         make_retriever=lambda log: Retriever(log, embedder),
         wait_for_chat=assistant.engine.wait_for_chat,
+        disk_budget=disk_budget(config, assistant.store, factlog),
+        encode_recent_days=config.encode_recent_days,
     )
     if start_worker:
         session.worker.start()
@@ -245,8 +259,11 @@ def memory_worker(
     *,
     embedder: Embedder | None = None,
     poll_seconds: float = 1.0,
+    encode_all: bool = False,
 ) -> MemoryWorker:
-    """The memory worker alone (``import`` encodes in the foreground with it, no chat)."""
+    """The memory worker alone (``import`` encodes in the foreground with it, no chat).
+    ``encode_all``: defer no imported fact, and take those deferred at import out of waiting
+    (``import --encode``: encode everything now; what the budget dropped stays dropped)."""
     from inferscale_core.embedder import SentenceTransformerEmbedder
     from inferscale_core.factlog import FactLog
     from inferscale_core.memory_worker import MemoryWorker
@@ -255,6 +272,9 @@ def memory_worker(
     embedder = embedder or SentenceTransformerEmbedder()
     with FactLog.open(db_path) as log:
         profile_id = log.profile(config.profile)
+        if encode_all:
+            log.want_kv(log.deferred_facts(profile_id, "import"))
+        budget = disk_budget(config, assistant.store, log)
     return MemoryWorker(
         lambda: FactLog.open(db_path),
         profile_id,
@@ -266,4 +286,6 @@ def memory_worker(
         make_retriever=lambda factlog: Retriever(factlog, embedder),
         poll_seconds=poll_seconds,
         wait_for_chat=assistant.engine.wait_for_chat,
+        disk_budget=budget,
+        encode_recent_days=None if encode_all else config.encode_recent_days,
     )

@@ -4,6 +4,10 @@ Imported turns go through the same extraction and background encoding as live ch
 drives that work to the end with a progress display (turns left, facts extracted and encoded,
 rate, ETA). Encoding runs on the engine (about 25 s to start on a CPU). Ctrl-C stops cleanly;
 the next start resumes where it stopped (the fact log is the queue).
+
+This is the explicit "encode it all now": no imported fact is left to be encoded when first
+retrieved (``kv_encode_recent_days``), and those deferred so before are encoded too. The disk
+budget still holds: what it dropped stays dropped until retrieved.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ def encode_pending(config: AppConfig, console: Console, poll_s: float = 0.5) -> 
     """Extract and encode everything pending for the configured profile; exit code."""
     db_path = paths.memory_db()
     assistant = open_assistant(config, console)
-    worker = wiring.memory_worker(assistant, config, db_path, poll_seconds=poll_s).start()
+    worker = wiring.memory_worker(
+        assistant, config, db_path, poll_seconds=poll_s, encode_all=True
+    ).start()
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),

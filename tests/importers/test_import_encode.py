@@ -37,5 +37,8 @@ def test_import_then_encode_makes_every_fact_injectable(smollm2_path, tmp_path):
     fingerprint = model_fingerprint(smollm2_path)
     anchored = encoding_version(ENCODER_VERSION, 20, ANCHORED)  # the default window
     assert log.facts_without_kv(profile, fingerprint, 20, anchored) == []
+    assert log.deferred_kv(profile) == {}  # --encode: none left to encode when retrieved
+    keys = log.kv_keys_for([f.id for f in facts], fingerprint, 20, anchored)
+    assert set(keys) == {f.id for f in facts}
     assert log.extraction_cursor(profile) == max(t for t, _ in log.turns(profile))
     log.close()

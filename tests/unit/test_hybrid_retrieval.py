@@ -170,7 +170,7 @@ def test_an_old_database_upgrades_with_its_facts_indexed(tmp_path, minilm):
 
     with FactLog.open(path) as log:
         applied = [m.name for m in migrations.applied(log.db)]
-        assert applied[-3:] == [
+        assert applied[10:13] == [  # after m001..m010; later ones follow
             "m011_facts_fts",
             "m012_fact_search_context",
             "m013_facts_fts_per_profile",
