@@ -160,7 +160,7 @@ def run_app(
                 {
                     "ttft_s": result.ttft_s,
                     "injected_facts": len(reply.injected_fact_ids),
-                    "text_facts": sum(f.how == "text" for f in reply.facts),
+                    "text_facts": sum(f.how.startswith("text") for f in reply.facts),
                     "prompt_tokens": result.prompt_tokens,
                     "injected_tokens": result.injected_tokens,
                 }

@@ -69,11 +69,13 @@ class Answer:
     remembered: bool | None = None  # its facts encoded before exit (None: not logged)
 
     def as_dict(self) -> dict[str, Any]:
+        from inferscale_core.session import INJECTED  # "how" is the session's InjectedFact.how
+
         return {
             "answer": self.text,
             "ttft_s": self.ttft_s,
             "facts": self.facts,
-            "injected_fact_ids": [f["id"] for f in self.facts if f["how"] == "injected"],
+            "injected_fact_ids": [f["id"] for f in self.facts if f["how"] == INJECTED],
             "injected_tokens": self.injected_tokens,
             "prompt_tokens": self.prompt_tokens,
             "prefix_cached_tokens": self.prefix_cached_tokens,
@@ -233,6 +235,7 @@ def _ask_with_facts(
     from inferscale_core.composer import TurnRejected, fact_line
     from inferscale_core.prompt_budget import fit_turn
     from inferscale_core.prompt_builder import MemoryFact
+    from inferscale_core.session import INJECTED, TEXT
 
     builder, engine = assistant.builder, assistant.engine
     settings = _settings(assistant, config, options)
@@ -268,7 +271,7 @@ def _ask_with_facts(
             "text": fact.text,
             "date": fact.when.isoformat() if fact.when else None,
             "score": None,
-            "how": "injected" if injected else "text",
+            "how": INJECTED if injected else TEXT,  # the session's names for it
             "tier": result.entry_tiers.get(key) if injected else None,
         }
         for fact, (key, _) in zip(memory, entries, strict=True)
@@ -391,8 +394,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help='print {"answer", "facts": [{"id", "text", "date", "score", "how", "tier"}],'
         ' "injected_fact_ids", "ttft_s", "prompt_tokens", "injected_tokens", ...} as JSON;'
-        ' "how" is "injected" (KV), "recomputed" (a best hit prefilled with the question) or'
-        ' "text" (KV not ready: prefilled); a --fact memory\'s id is its KV key',
+        ' "how" is "injected" (KV), "recomputed" (a best hit prefilled with the question),'
+        ' "text" (KV not ready: prefilled) or "text (re-encoding)" (its KV was dropped for'
+        " kv_disk_budget: prefilled, and encoded again in the background); a --fact memory's"
+        " id is its KV key",
     )
     ask.set_defaults(func=_run)
 

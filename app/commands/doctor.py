@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -26,6 +27,9 @@ from rich.table import Table
 from app.commands.chat import is_embedded
 from inferscale_core import paths
 from inferscale_core.config import AppConfig, ConfigError, load
+
+if TYPE_CHECKING:
+    from inferscale_core.factlog import FactLog
 
 
 @dataclass(slots=True)
@@ -295,6 +299,8 @@ def check_memory(config: AppConfig, model_dir: Path | None) -> list[Check]:
                     f"{missing} memories not encoded for this model"
                     f" (w={config.w}, {config.window} window)"
                 )
+        fingerprints = [fp] if model_dir is not None else _store_folders()
+        checks += [check_budget(config, log, pid, f) for f in fingerprints]
         if backlog:
             checks.append(
                 Check(
@@ -307,6 +313,40 @@ def check_memory(config: AppConfig, model_dir: Path | None) -> list[Check]:
         else:
             checks.append(Check("index", "ok", "every memory is indexed and encoded"))
     return checks
+
+
+def _store_folders() -> list[str]:
+    """The fingerprints of the models the KV store has a folder for."""
+    root = paths.kv_dir()
+    return sorted(d.name for d in root.iterdir() if d.is_dir()) if root.is_dir() else []
+
+
+def check_budget(config: AppConfig, log: FactLog, profile_id: int, fingerprint: str) -> Check:
+    """The KV store's disk budget for one model: the setting, the bytes it resolves to, the
+    bytes its entries take (as recorded), and the memories left to encode until retrieved."""
+    import shutil
+
+    root = paths.kv_dir()
+    held = log.kv_bytes(fingerprint)
+    budget = config.disk_budget(shutil.disk_usage(root).free, held)
+    deferred = log.deferred_kv(profile_id)
+    waiting = sum(deferred.values())
+    why = ", ".join(f"{n} {reason}" for reason, n in sorted(deferred.items()))
+    detail = f"{fingerprint[:16]}: kv_disk_budget = {config.kv_disk_budget}"
+    if budget is not None:
+        detail += f" ({budget / 2**30:.2f} GiB)"
+    detail += f"; entries take {held / 2**20:.1f} MiB"
+    if budget:
+        detail += f" ({100 * held / budget:.0f}% of it)"
+    detail += f"; {waiting} memories encoded when first retrieved" + (f" ({why})" if why else "")
+    if budget is not None and held > budget:
+        return Check(
+            "KV budget",
+            "warn",
+            detail + ": over the budget",
+            "open the chat: the memory worker drops the least recently used KV down to it",
+        )
+    return Check("KV budget", "ok", detail)
 
 
 def check_permissions() -> Check:

@@ -134,11 +134,13 @@ def run_stats(log: FactLog, pid: int, args: argparse.Namespace, console: Console
     if config is None:
         return 2
     kv_root = paths.kv_dir()
+    free = shutil.disk_usage(kv_root).free
     models = []
     for folder in sorted(p for p in kv_root.iterdir() if p.is_dir()):
         found = usage(folder)
         if not found.entries:
             continue
+        recorded = log.kv_bytes(folder.name)
         models.append(
             {
                 "fingerprint": folder.name,
@@ -151,16 +153,22 @@ def run_stats(log: FactLog, pid: int, args: argparse.Namespace, console: Console
                     scheme: {"entries": n, "disk_bytes": size}
                     for scheme, (n, size) in sorted(found.by_scheme.items())
                 },
+                "recorded_bytes": recorded,  # what the budget counts (every profile's rows)
+                "budget_bytes": config.disk_budget(free, recorded),  # None: no budget
             }
         )
     facts = log.active_facts(pid)
+    deferred = log.deferred_kv(pid)
     report = {
         "profile": args.profile_name,
         "facts": len(facts),
         "kv_store_dtype": config.kv_store_dtype,
         "writes_as": config.store_dtype,
         "disk_bytes": sum(m["disk_bytes"] for m in models),
-        "disk_free_bytes": shutil.disk_usage(kv_root).free,
+        "disk_free_bytes": free,
+        "kv_disk_budget": config.kv_disk_budget,
+        "deferred_facts": sum(deferred.values()),  # encoded when first retrieved
+        "deferred_by_reason": deferred,  # "evicted" (for the budget), "import" (old turns)
         "models": models,
     }
     if args.json:
@@ -172,7 +180,7 @@ def run_stats(log: FactLog, pid: int, args: argparse.Namespace, console: Console
         f" KV entries kept as {config.store_dtype} (kv_store_dtype = {config.kv_store_dtype})"
     )
     table = Table(title="KV entries on disk (all profiles), per model", title_justify="left")
-    for name in ("model", "entries", "on disk", "per entry", "per token", "stored as"):
+    for name in ("model", "entries", "on disk", "per entry", "per token", "stored as", "budget"):
         table.add_column(name, justify="right" if name != "model" else "left")
     for m in models:
         kinds = ", ".join(f"{scheme} {d['entries']}" for scheme, d in m["by_dtype"].items())
@@ -183,9 +191,15 @@ def run_stats(log: FactLog, pid: int, args: argparse.Namespace, console: Console
             _size(m["bytes_per_entry"]),
             _size(m["bytes_per_token"]),
             kinds,
+            "off" if m["budget_bytes"] is None else _size(m["budget_bytes"]),
         )
     out.print(table)
     out.print(f"{_size(report['disk_bytes'])} in all; {_size(report['disk_free_bytes'])} free")
+    why = ", ".join(f"{n} {reason}" for reason, n in sorted(deferred.items()))
+    out.print(
+        f"kv_disk_budget = {config.kv_disk_budget}; {report['deferred_facts']} memories encoded"
+        f" when first retrieved" + (f" ({why})" if why else "")
+    )
     return 0
 
 
@@ -254,7 +268,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="how many memories, and the disk their KV takes",
         description="The profile's memories, and the KV entries on disk per model: entries,"
         " bytes, bytes per entry and per token, how many are stored in each dtype (model,"
-        " fp8, int4; `kv_store_dtype` in the settings says which new ones get).",
+        " fp8, int4; `kv_store_dtype` in the settings says which new ones get), the disk"
+        " budget (`kv_disk_budget`) and how many memories wait to be encoded until first"
+        " retrieved (their KV dropped for the budget, or old imported turns).",
     )
     stats.add_argument("--json", action="store_true", help="print JSON instead of a table")
     stats.set_defaults(func=_run, action=run_stats)

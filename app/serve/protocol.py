@@ -7,7 +7,9 @@ loads and which prefix-cache blocks it may share, so only the server sets them (
 user's own retrieval and secret).
 
 Beyond OpenAI's shapes a completion carries ``memories``: the user's facts that went into it,
-``[{"id", "how", "score"}]`` (``how``: "injected", "recomputed" or "text").
+``[{"id", "how", "score"}]`` (``how``: "injected", "recomputed", "text" or "text
+(re-encoding)": its KV was dropped for the disk budget, so it went in as text and is encoded
+again in the background; ``inferscale_core.session.HOWS``).
 """
 
 from __future__ import annotations

@@ -107,3 +107,19 @@ async def test_a_model_that_cannot_start_is_explained(tmp_path):
             assert message.note.startswith("error: SessionNotReadyError: the assistant did not")
     finally:
         app.host.close()
+
+
+def test_settings_form_takes_the_disk_budget_and_recent_days():
+    values = {"model": "", "k": "4", "w": "20", "gpu_pool_gib": "0", "profile": "work"}
+    values |= {"max_tokens": "256", "history_tokens": "800", "temperature": ""}
+    values |= {"top_p": "", "repetition_penalty": "", "recompute": "2"}
+    config = parse_form(values, "auto")
+    assert (config.kv_disk_budget, config.kv_encode_recent_days) == ("auto", 30)
+    config = parse_form(values | {"kv_disk_budget": "1.5GiB", "kv_encode_recent_days": "7"}, "auto")
+    assert (config.kv_disk_budget, config.kv_encode_recent_days) == ("1.5GiB", 7)
+    config = parse_form(values | {"kv_disk_budget": "123", "kv_encode_recent_days": "all"}, "auto")
+    assert (config.kv_disk_budget, config.kv_encode_recent_days) == (123, "all")
+    with pytest.raises(ConfigError, match="kv_disk_budget must be auto, off or a size"):
+        parse_form(values | {"kv_disk_budget": "big"}, "auto")
+    with pytest.raises(ConfigError, match="kv_encode_recent_days must be"):
+        parse_form(values | {"kv_encode_recent_days": "-3"}, "auto")

@@ -163,3 +163,27 @@ def test_memory_stats_counts_memories_and_the_disk_their_kv_takes(home, capsys):
 def test_doctor_says_how_the_store_keeps_entries(home, capsys):
     code, out = _run(capsys, "doctor", "--skip-engine")
     assert "fp0: 1 entries" in out and "(1 model)" in out and "stored as int4" in out
+
+
+def test_memory_stats_and_doctor_show_the_budget_and_what_waits(home, capsys):
+    paths.config_file().write_text('kv_disk_budget = "1 kB"\n')
+    with FactLog.open(paths.memory_db()) as log:
+        pid = log.profile("default")
+        lisbon = [f.id for f in log.active_facts(pid) if "Lisbon" in f.text]
+        assert log.defer_kv(lisbon, "import") == 1
+    code, out = _run(capsys, "memory", "stats", "--json")
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["kv_disk_budget"] == "1 kB"
+    assert report["deferred_facts"] == 1 and report["deferred_by_reason"] == {"import": 1}
+    (fp0,) = report["models"]
+    assert (fp0["recorded_bytes"], fp0["budget_bytes"]) == (96, 1000)
+    code, out = _run(capsys, "memory", "stats")
+    assert code == 0 and "kv_disk_budget = 1 kB; 1 memories encoded when first" in out
+    assert "1000 B" in out  # the budget column
+    code, out = _run(capsys, "doctor", "--skip-engine")
+    assert "KV budget" in out and "kv_disk_budget = 1 kB (0.00 GiB)" in out
+    assert "1 memories encoded when first retrieved (1 import)" in out
+    paths.config_file().write_text('kv_disk_budget = "lots"\n')
+    code, out = _run(capsys, "memory", "stats")
+    assert code == 2 and "kv_disk_budget must be auto, off or a size" in out

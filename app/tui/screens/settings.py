@@ -1,5 +1,5 @@
-"""Settings: model, k, w, window, GPU pool, profile, extractor, how memories' KV is stored;
-saved to the TOML config file."""
+"""Settings: model, k, w, window, GPU pool, profile, extractor, how memories' KV is stored and
+how much disk it may take; saved to the TOML config file."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ RESTART_KEYS = (
     "profile",
     "extractor",
     "kv_store_dtype",
+    "kv_disk_budget",
+    "kv_encode_recent_days",
     "max_tokens",
     "history_tokens",
     "temperature",
@@ -45,6 +47,16 @@ FIELDS = (
     ("temperature", "Temperature: empty = the model's default; 0 = greedy (restart)"),
     ("top_p", "Top-p: empty = the model's default (restart)"),
     ("repetition_penalty", "Repetition penalty: empty = the model's default; 1 = none (restart)"),
+    (
+        "kv_disk_budget",
+        "Disk for memories' KV: auto = 25% of the free disk, off, or a size like 20 GB; past it"
+        " the least recently used KV is dropped, the memory kept (restart)",
+    ),
+    (
+        "kv_encode_recent_days",
+        "Imports: facts from turns older than this many days before a chat's last are encoded"
+        " when first retrieved; all = encode every one (restart)",
+    ),
 )
 OPTIONAL = ("temperature", "top_p", "repetition_penalty")  # empty: the model's default
 
@@ -97,12 +109,31 @@ def parse_form(
         inbox=values.get("inbox", "").strip() or None,
         extractor=extractor,
         kv_store_dtype=kv_store_dtype,
+        kv_disk_budget=_budget(values.get("kv_disk_budget", "")),
+        kv_encode_recent_days=_recent_days(values.get("kv_encode_recent_days", "")),
         max_tokens=number("max_tokens", int),
         history_tokens=number("history_tokens", int),
         temperature=number("temperature", float),
         top_p=number("top_p", float),
         repetition_penalty=number("repetition_penalty", float),
     )
+
+
+def _budget(text: str) -> str | int:
+    """The disk budget field: empty is "auto", a plain number is bytes (AppConfig checks it)."""
+    text = text.strip()
+    return int(text) if text.isdigit() else text or "auto"
+
+
+def _recent_days(text: str) -> str | int:
+    """The recent-days field: empty is the default (30), "all", or a whole number of days."""
+    text = text.strip()
+    if not text:
+        return AppConfig().kv_encode_recent_days
+    try:
+        return int(text)
+    except ValueError:
+        return text  # "all", or what AppConfig refuses with its message
 
 
 class SettingsScreen(Screen):

@@ -7,7 +7,7 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from inferscale_core.session import Reply
+from inferscale_core.session import INJECTED, RECOMPUTED, REENCODING, Reply
 
 MODE_NAMES = {"inject": "KV injection", "prompt": "prompt injection"}
 
@@ -26,8 +26,8 @@ def _ms(seconds: float | None) -> str:
 def numbers(reply: Reply, k: int | None) -> Text:
     """The reply's figures: k, facts, injected tokens, TTFT, prompt/computed tokens."""
     result = reply.result
-    injected = sum(1 for f in reply.facts if f.how == "injected")
-    recomputed = sum(1 for f in reply.facts if f.how == "recomputed")
+    injected = sum(1 for f in reply.facts if f.how == INJECTED)
+    recomputed = sum(1 for f in reply.facts if f.how == RECOMPUTED)
     as_text = len(reply.facts) - injected - recomputed
     text = Text()
     text.append(f"{MODE_NAMES.get(reply.mode, reply.mode)}\n", style="bold")
@@ -57,7 +57,11 @@ def facts(reply: Reply) -> Text | Table:
     grid.add_column(justify="right", style="bold")
     grid.add_column()
     for i, fact in enumerate(reply.facts, 1):
-        source = {"injected": fact.tier or "?", "recomputed": "recomputed"}.get(fact.how, "as text")
+        source = {
+            INJECTED: fact.tier or "?",
+            RECOMPUTED: "recomputed",
+            REENCODING: "as text (re-encoding)",
+        }.get(fact.how, "as text")
         head = Text()
         head.append(f"{fact.refers_to or 'no date'} ", style="cyan")
         head.append(f"{fact.score:.2f} ", style="green")
