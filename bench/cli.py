@@ -476,6 +476,7 @@ def _run_locomo(args: argparse.Namespace, console: Console) -> int:
 def _run_kv_quant(args: argparse.Namespace, console: Console) -> int:
     from bench import kv_quant
     from bench.report import command_line
+    from inferscale_core.model_files import check_architecture
 
     ks = _ks(args, args.k)
     schemes = parse_names(args.schemes)
@@ -500,6 +501,7 @@ def _run_kv_quant(args: argparse.Namespace, console: Console) -> int:
             model_name=runtime.model_dir.name,
             command=command_line(),
             on_progress=status.update,
+            rope=check_architecture(runtime.model_dir).shared_rope,
         )
     rows = [{"cell": name, **cell} for name, cell in result["cells"].items()]
     _table(

@@ -27,7 +27,7 @@
 # tiny random Llama in bf16 (CUDA graphs on; TINY_CUDAGRAPH_MODE=FULL, TINY_KV_WRITE=backend,
 # TINY_BLOCK_SIZE=64);
 # SUITE=1 the 8B-shaped suite (gpu_suite.py; SUITE_PARTS, SUITE_CUDAGRAPH_MODE, SUITE_BLOCK_SIZE,
-# SUITE_UNFUSED, SUITE_HASH_ALGO; SUITE_PARTS=anatomy: where k=50 spends its time beyond k=0, step_anatomy.py;
+# SUITE_UNFUSED, SUITE_HASH_ALGO, SUITE_WAVES (throughput waves per mode, the median kept: 3); SUITE_PARTS=anatomy: where k=50 spends its time beyond k=0, step_anatomy.py;
 # SUITE_PARTS=recompute: TTFT of the tail-recompute hybrid, injection with the last r facts prefilled,
 # r in 0,1,2,4,8 at k in 20,50, beside prompt injection, into gpu_suite.json's "recompute"; not in the
 # default parts, so add it: SUITE_PARTS=ttft,recompute; SUITE_RECOMPUTE_KS, SUITE_RECOMPUTE_RS change the grid);

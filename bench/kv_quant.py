@@ -10,8 +10,9 @@ Measured per scheme and k, against ``model`` in the same run and engine: mean ne
 KL(model ‖ scheme) per answer token along the model answer (teacher-forced where the answers
 part, as ``bench locomo`` does), how often the argmaxes agree, how often the greedy answers are
 identical; and per scheme the stored bytes of an entry (mean), a token, and the ratio to the
-model's. Each scheme's requests carry their own cache salt (the store's dtype is in it), so
-vLLM's prefix cache never serves one scheme's blocks to another.
+model's, and the keys' error quantized post-RoPE (as stored) against pre-RoPE. Each scheme's
+requests carry their own cache salt (the store's dtype is in it), so vLLM's prefix cache never
+serves one scheme's blocks to another.
 """
 
 from __future__ import annotations
@@ -22,13 +23,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from bench import locomo_data
 from bench.arguments import window_of
 from bench.locomo import Forcing
 from bench.report import provenance
 from inferscale_core.kvstore import KVStore
-from inferscale_core.kvstore.quant import quantize
+from inferscale_core.kvstore.quant import dequantize, quantize
 from inferscale_core.prompt_builder import PromptBuilder
+from inferscale_core.rope import RopeSpec, shift
 from inferscale_core.types import FactKV
 
 
@@ -48,8 +52,10 @@ def run_kv_quant(
     model_name: str = "",
     command: str | None = None,
     on_progress: Callable[[str], None] = lambda _: None,
+    rope: RopeSpec | None = None,
 ) -> dict[str, Any]:
-    """Fidelity and size of each compressed scheme against the model's own KV (see module)."""
+    """Fidelity and size of each compressed scheme against the model's own KV (see module);
+    with the model's ``rope``, also :func:`key_rope_error` over the same entries."""
     chosen = locomo_data.sample_questions(
         locomo_data.questions(locomo_data.load(data)), sample, seed
     )
@@ -82,6 +88,7 @@ def run_kv_quant(
                 time.sleep(0.05)
         originals = {key: _owned(store.get(key)) for key in keys}
         assert all(entry.quant is None for entry in originals.values())
+        key_errors = key_rope_error(list(originals.values()), rope, schemes) if rope else None
         cells: dict[str, dict[str, Any]] = {}
         sizes: dict[str, dict[str, float]] = {}
         baseline: dict[tuple[str, int], Any] = {}
@@ -122,6 +129,33 @@ def run_kv_quant(
         "entries": len(keys),
         "sizes": sizes,
         "cells": cells,
+        "key_error": key_errors,
+    }
+
+
+def key_rope_error(
+    entries: Sequence[FactKV], spec: RopeSpec, schemes: Sequence[str]
+) -> dict[str, dict[str, float]]:
+    """Which keys to quantize, measured: relative error ``sum |k' - k|^2 / sum |k|^2`` of the
+    keys every scheme gives back when it quantizes them as stored (post-RoPE, rotated at the
+    entry's positions) against pre-RoPE (rotated back to position 0 first, rotated again after
+    expanding, as KVQuant does), over all ``entries``, in fp32."""
+    errors = {scheme: {"post_rope": 0.0, "pre_rope": 0.0} for scheme in schemes}
+    norm = 0.0
+    for entry in entries:
+        k = entry.k.float()  # [layers, tokens, kv_heads, head_dim]
+        at = torch.arange(k.shape[1], dtype=torch.int64) + entry.origin
+        pre = shift(k, -at, spec)  # the keys before RoPE
+        norm += float((k * k).sum())
+        unrotated = FactKV(entry.key, list(entry.token_ids), pre, entry.v.float(), "", 0)
+        for scheme in schemes:
+            post_k = dequantize(quantize(entry, scheme), torch.float32).k
+            pre_k = shift(dequantize(quantize(unrotated, scheme), torch.float32).k, at, spec)
+            errors[scheme]["post_rope"] += float(((post_k - k) ** 2).sum())
+            errors[scheme]["pre_rope"] += float(((pre_k - k) ** 2).sum())
+    return {
+        scheme: {name: round(total / norm, 8) for name, total in cell.items()}
+        for scheme, cell in errors.items()
     }
 
 
