@@ -1,8 +1,9 @@
 """Child process for the kill -9 test: convert a store's entries to int4, one by one.
 
 ``python tests/support/convert_child.py STORE KEY...`` prints "started", then converts each
-key's entry (``KVStore.convert``; an entry converted already is skipped) and prints "done".
-The parent SIGKILLs it at random moments and runs it again.
+key's entry (``KVStore.convert``; an entry converted already is skipped), printing "converted"
+after each one it rewrote, and prints "done". The parent SIGKILLs it after a random number of
+conversions (and a random moment into the next) and runs it again.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ def main(root: Path, keys: list[str]) -> None:
     store = KVStore(root, fingerprint="fp", store_dtype="int4")
     print("started", flush=True)
     for key in keys:
-        store.convert(key)
+        if store.convert(key):
+            print("converted", flush=True)
     print("done", flush=True)
 
 

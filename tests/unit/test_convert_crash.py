@@ -88,7 +88,11 @@ def test_sigkill_during_conversion_leaves_every_entry_whole(tmp_path):
     for _ in range(KILLS):
         child = _child(root, keys)
         assert child.stdout.readline().strip() == "started", child.stderr.read()[-3000:]
-        time.sleep(rng.uniform(0.0, 0.4))
+        # by progress, not by the clock (a fast machine converts all 240 in a fraction of a
+        # second): after 1-30 conversions, then a moment into the next one
+        for _ in range(rng.randint(1, 30)):
+            assert child.stdout.readline().strip() == "converted", child.stderr.read()[-3000:]
+        time.sleep(rng.uniform(0.0, 0.003))
         child.kill()
         child.wait(timeout=30)
         history.append(_check(root, recorded))
