@@ -32,7 +32,7 @@ from inferscale_core.context_window import ANCHORED, encoding_version
 from inferscale_core.extractor import Extractor, FactOp
 from inferscale_core.factlog import FactLog, InactiveFactError
 from inferscale_core.importers import FORMATS as IMPORTED_SOURCES
-from inferscale_core.kvstore import EntryMissingError, KVStore
+from inferscale_core.kvstore import EntryMissingError, KVStore, StoreFullError
 from inferscale_core.prompt_builder import MemoryFact, PromptBuilder
 from inferscale_core.retriever import Retriever
 from inferscale_core.types import Fact, Turn
@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 EVICT_TO = 0.9  # over budget: drop entries down to this share of it
 SPARE_SECONDS = 60.0  # entries injected this recently are never dropped
+FULL_DISK_WAIT = 60.0  # the longest wait between tries while the disk is full
 
 
 @dataclass(slots=True)
@@ -54,6 +55,7 @@ class WorkerStats:
     encode_rate: float = 0.0  # facts per second over the recent batches
     errors: int = 0
     last_error: str | None = None
+    disk_full: bool = False  # the last batch could not write for want of room (last_error)
     to_convert: int = 0  # stored entries of another kv_store_dtype, left to rewrite
     converted: int = 0
     evicted: int = 0  # entries dropped for the disk budget (their facts deferred)
@@ -246,6 +248,7 @@ class MemoryWorker:
         factlog = self.open_log()
         self._retriever = self.make_retriever(factlog) if self.make_retriever else None
         self.stats.running = True
+        full_wait = 0.0  # seconds between tries while the disk is full (doubling)
         try:
             while not self._stop.is_set():
                 self._resume.wait()
@@ -258,7 +261,18 @@ class MemoryWorker:
                         did = self._convert_batch(factlog)
                     self._keep_budget(factlog)
                     self._refresh_counts(factlog)
+                    self.stats.disk_full, full_wait = False, 0.0
                 except _ChatTurn:  # a chat turn: the batch is redone after it
+                    continue
+                except StoreFullError as exc:  # said once; retried less and less often
+                    if not self.stats.disk_full:
+                        self.stats.errors += 1
+                        log.error("memory worker: the KV store's disk is full")
+                    self.stats.disk_full = True
+                    self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                    full_wait = min(FULL_DISK_WAIT, 2 * full_wait or self.poll_seconds)
+                    self._wake.wait(full_wait)  # a wake (new turn, wait_idle) tries at once
+                    self._wake.clear()
                     continue
                 except Exception as exc:  # keep the thread alive; report it
                     self.stats.errors += 1

@@ -220,3 +220,18 @@ async def test_a_new_inbox_from_the_settings_is_watched_at_once(tmp_path):
             assert (old / "transcript.md").exists() and not (old / "imported").exists()
     finally:
         app.host.close()
+
+
+async def test_the_status_line_shows_a_conversion_and_a_full_disk(tmp_path):
+    app = scripted_app(tmp_path)
+    try:
+        async with app.run_test(size=(200, 40)) as pilot:
+            await until(pilot, lambda: app.host.ready, 10, "the scripted engine")
+            stats = app.host.session.worker.stats
+            stats.errors, stats.to_convert = 1, 1234
+            assert "· 1 error " in status(app) and "converting, 1,234 left" in status(app)
+            stats.disk_full = True  # what the worker sets on StoreFullError
+            line = status(app)
+            assert "disk full: new memories go in as text" in line and "error" not in line
+    finally:
+        app.host.close()

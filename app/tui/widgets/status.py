@@ -56,10 +56,15 @@ def status_text(app) -> Text:
         text.append("memory: ")
         text.append(f"{stats.pending_turns} turns, {stats.pending_facts} facts queued")
         text.append(f" · {stats.encoded_facts:,} encoded · {stats.encode_rate:.1f} facts/s")
+        if stats.to_convert:
+            text.append(f" · converting, {stats.to_convert:,} left")
         if stats.paused:
             text.append(" · paused while answering", style="dim")
-        if stats.errors:
-            text.append(f" · {stats.errors} errors", style="bold red")
+        if stats.disk_full:  # the worker's last_error says where and how much
+            text.append(" · disk full: new memories go in as text", style="bold red")
+        elif stats.errors:
+            plural = "" if stats.errors == 1 else "s"
+            text.append(f" · {stats.errors} error{plural}", style="bold red")
         text.append(" ")
     text.append("│ ")
     text.append(f"{app.mode} · k {app.config.k}", style="bold")
