@@ -300,31 +300,31 @@ class KVIndexMixin(FactLogBase):
 
     def _without_kv(self, fact_ids: Sequence[int], model_fingerprint: str) -> list[int]:
         """Those of ``fact_ids`` with no row of this model left."""
-        kept: set[int] = set()
-        for chunk, marks in id_chunks(fact_ids):
-            rows = self.db.execute(
-                f"SELECT DISTINCT fact_id FROM kv_entries WHERE fact_id IN ({marks})"
-                " AND model_fingerprint = ?",
-                (*chunk, model_fingerprint),
-            ).fetchall()
-            kept.update(r[0] for r in rows)
+        kept = self._in_rows("fact_id", list(dict.fromkeys(fact_ids)), model_fingerprint)
         return [i for i in dict.fromkeys(fact_ids) if i not in kept]
 
     def _unnamed(self, locations: Sequence[str], model_fingerprint: str) -> list[str]:
         """Those of ``locations`` no row of this model names (two encodings of a fact can
         share a key; each model has a store of its own)."""
         unique = sorted(set(locations))
-        named: set[str] = set()
-        for start in range(0, len(unique), 500):
-            chunk = unique[start : start + 500]
+        named = self._in_rows("location", unique, model_fingerprint)
+        return [location for location in unique if location not in named]
+
+    def _in_rows(self, column: str, values: Sequence[int | str], model_fingerprint: str) -> set:
+        """Those of ``values`` (distinct) that some ``kv_entries`` row of this model has in
+        ``column`` ("fact_id" or "location")."""
+        assert column in ("fact_id", "location")
+        found: set = set()
+        for start in range(0, len(values), 500):
+            chunk = list(values[start : start + 500])
             marks = ",".join("?" * len(chunk))
             rows = self.db.execute(
-                f"SELECT DISTINCT location FROM kv_entries WHERE location IN ({marks})"
+                f"SELECT DISTINCT {column} FROM kv_entries WHERE {column} IN ({marks})"
                 " AND model_fingerprint = ?",
                 (*chunk, model_fingerprint),
             ).fetchall()
-            named.update(r[0] for r in rows)
-        return [location for location in unique if location not in named]
+            found.update(r[0] for r in rows)
+        return found
 
     def resize_kv(self, sizes: dict[str, int]) -> None:
         """Record new ``nbytes`` for entries rewritten under the same key (a conversion to

@@ -4,7 +4,6 @@ model's own KV; a damaged entry goes in as text and its fact is encoded again.""
 
 from __future__ import annotations
 
-import contextlib
 import os
 from datetime import date
 
@@ -17,6 +16,7 @@ from inferscale_core.embedder import SentenceTransformerEmbedder
 from inferscale_core.extractor import DeterministicExtractor
 from inferscale_core.prompt_builder import MemoryFact
 from inferscale_core.session import SessionConfig
+from tests.support.store_dtype import store_dtype
 
 pytestmark = pytest.mark.engine
 
@@ -31,17 +31,6 @@ FACTS = [
     MemoryFact("I switched my phone plan to one with unlimited data.", date(2024, 7, 1)),
 ]
 QUESTION = "Who keeps bees on a garage roof?"
-
-
-@contextlib.contextmanager
-def _store_dtype(store, scheme):
-    """The store writing (and salting requests) as ``scheme``, for one test."""
-    before = store.store_dtype
-    store.store_dtype = scheme
-    try:
-        yield
-    finally:
-        store.store_dtype = before
 
 
 def _kl(p: dict[int, float], q: dict[int, float]) -> float:
@@ -62,7 +51,7 @@ def test_compressed_entries_inject_close_to_the_models_own(runtime, scheme, max_
             assert store.convert(key, scheme)
             assert store.header(key).scheme == scheme
         assert store.header(builder.prefix_key).scheme == "model"  # the prefix stays exact
-        with _store_dtype(store, scheme):
+        with store_dtype(store, scheme):
             squeezed = builder.build(FACTS, QUESTION, w=0)
             assert squeezed.cache_salt != composed.cache_salt  # no block of the exact run
             assert squeezed.prompt_ids == composed.prompt_ids
@@ -109,7 +98,8 @@ def test_a_damaged_entry_goes_in_as_text_and_is_encoded_again(runtime, tmp_path)
         reply = session.ask_all(None, "Who restores old pianos?", log=False)
         (used,) = [f for f in reply.facts if f.fact_id == fact.id]
         assert used.how == "text"  # refused by its checksum, never loaded
-        assert not path.exists()
+        # the damaged file is deleted (the worker, woken, may already have written it anew)
+        assert not path.exists() or path.read_bytes() != bytes(data)
         assert session.worker.wait_idle(timeout=300)
         again = session.factlog.kv_key(fact.id, session.builder.fingerprint, 0, session.encoding)
         assert again == key and runtime.store.header(key).scheme in ("model", "int4")

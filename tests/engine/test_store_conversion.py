@@ -5,7 +5,6 @@ conversion goes on where it was in a new worker; compressed entries are encoded 
 
 from __future__ import annotations
 
-import contextlib
 import time
 
 import pytest
@@ -17,6 +16,7 @@ from inferscale_core.extractor import DeterministicExtractor
 from inferscale_core.factlog import FactLog
 from inferscale_core.memory_worker import MemoryWorker
 from inferscale_core.session import SessionConfig
+from tests.support.store_dtype import store_dtype
 
 pytestmark = pytest.mark.engine
 
@@ -29,17 +29,6 @@ FACTS = [
     "My colleague {tag} collects maps of Baltic lighthouses.",
     "{tag} learned to bake sourdough from a bakery in Lyon.",
 ]
-
-
-@contextlib.contextmanager
-def _store_dtype(store, scheme):
-    """The store writing (and salting requests) as ``scheme``, for one test."""
-    before = store.store_dtype
-    store.store_dtype = scheme
-    try:
-        yield
-    finally:
-        store.store_dtype = before
 
 
 @pytest.fixture
@@ -94,7 +83,7 @@ def _injected(session, question):
 def test_converts_model_entries_to_int4_in_the_background(memory, tmp_path):
     session, keys, tag = memory
     store = session.store
-    with _store_dtype(store, "int4"):
+    with store_dtype(store, "int4"):
         worker = _worker(session, tmp_path, batch_size=4).start()
         try:
             assert worker.wait_idle(timeout=120), worker.stats
@@ -126,7 +115,7 @@ def test_a_paused_then_stopped_conversion_resumes_in_a_new_worker(memory, tmp_pa
         return done
 
     monkeypatch.setattr(store, "convert", counted)
-    with _store_dtype(store, "int4"):
+    with store_dtype(store, "int4"):
         first.start()
         deadline = time.monotonic() + 60
         while len(asked) < 2 and time.monotonic() < deadline:
