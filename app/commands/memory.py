@@ -126,51 +126,12 @@ def run_export(log: FactLog, pid: int, args: argparse.Namespace, console: Consol
 
 def run_stats(log: FactLog, pid: int, args: argparse.Namespace, console: Console) -> int:
     """How many memories, and what their KV takes on disk: per model, per stored scheme."""
-    import shutil
-
-    from inferscale_core.kvstore.entry_file import usage
+    from inferscale_core.footprint import footprint, size_text
 
     config = load_config(console)
     if config is None:
         return 2
-    kv_root = paths.kv_dir()
-    free = shutil.disk_usage(kv_root).free
-    models = []
-    for folder in sorted(p for p in kv_root.iterdir() if p.is_dir()):
-        found = usage(folder)
-        if not found.entries:
-            continue
-        recorded = log.kv_bytes(folder.name)
-        models.append(
-            {
-                "fingerprint": folder.name,
-                "entries": found.entries,
-                "disk_bytes": found.file_bytes,
-                "tokens": found.tokens,
-                "bytes_per_entry": round(found.file_bytes / found.entries),
-                "bytes_per_token": round(found.payload / found.tokens) if found.tokens else 0,
-                "by_dtype": {
-                    scheme: {"entries": n, "disk_bytes": size}
-                    for scheme, (n, size) in sorted(found.by_scheme.items())
-                },
-                "recorded_bytes": recorded,  # what the budget counts (every profile's rows)
-                "budget_bytes": config.disk_budget(free, recorded),  # None: no budget
-            }
-        )
-    facts = log.active_facts(pid)
-    deferred = log.deferred_kv(pid)
-    report = {
-        "profile": args.profile_name,
-        "facts": len(facts),
-        "kv_store_dtype": config.kv_store_dtype,
-        "writes_as": config.store_dtype,
-        "disk_bytes": sum(m["disk_bytes"] for m in models),
-        "disk_free_bytes": free,
-        "kv_disk_budget": config.kv_disk_budget,
-        "deferred_facts": sum(deferred.values()),  # encoded when first retrieved
-        "deferred_by_reason": deferred,  # "evicted" (for the budget), "import" (old turns)
-        "models": models,
-    }
+    report = {"profile": args.profile_name, **footprint(log, pid, paths.kv_dir(), config)}
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -182,33 +143,28 @@ def run_stats(log: FactLog, pid: int, args: argparse.Namespace, console: Console
     table = Table(title="KV entries on disk (all profiles), per model", title_justify="left")
     for name in ("model", "entries", "on disk", "per entry", "per token", "stored as", "budget"):
         table.add_column(name, justify="right" if name != "model" else "left")
-    for m in models:
+    for m in report["models"]:
         kinds = ", ".join(f"{scheme} {d['entries']}" for scheme, d in m["by_dtype"].items())
         table.add_row(
             m["fingerprint"][:16],
             str(m["entries"]),
-            _size(m["disk_bytes"]),
-            _size(m["bytes_per_entry"]),
-            _size(m["bytes_per_token"]),
+            size_text(m["disk_bytes"]),
+            size_text(m["bytes_per_entry"]),
+            size_text(m["bytes_per_token"]),
             kinds,
-            "off" if m["budget_bytes"] is None else _size(m["budget_bytes"]),
+            "off" if m["budget_bytes"] is None else size_text(m["budget_bytes"]),
         )
     out.print(table)
-    out.print(f"{_size(report['disk_bytes'])} in all; {_size(report['disk_free_bytes'])} free")
+    out.print(
+        f"{size_text(report['disk_bytes'])} in all; {size_text(report['disk_free_bytes'])} free"
+    )
+    deferred = report["deferred_by_reason"]
     why = ", ".join(f"{n} {reason}" for reason, n in sorted(deferred.items()))
     out.print(
         f"kv_disk_budget = {config.kv_disk_budget}; {report['deferred_facts']} memories encoded"
         f" when first retrieved" + (f" ({why})" if why else "")
     )
     return 0
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:

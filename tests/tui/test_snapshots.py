@@ -82,19 +82,30 @@ def test_start_up_while_the_engine_loads(snap_compare, tmp_path):
     assert _snap(snap_compare, app, run_before, before_close=gate.set)
 
 
-def test_memory_browser(snap_compare, tmp_path):
+async def _memory_browser(pilot) -> None:
+    """F4, its facts listed and its footprint line measured (in a home of the test's own: KV
+    folders the other tests fill would change the line)."""
+    await pilot.press("f4")
+    await _until(pilot, lambda: pilot.app.screen.id == "memories" and pilot.app.screen.facts)
+    line = pilot.app.screen.query_one("#footprint")
+    await _until(pilot, lambda: "memories ·" in str(line.render()))
+
+
+def test_memory_browser(snap_compare, tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERSCALE_HOME", str(tmp_path / "home"))
+
     async def run_before(pilot):
-        await pilot.press("f4")
-        await _until(pilot, lambda: pilot.app.screen.id == "memories" and pilot.app.screen.facts)
+        await _memory_browser(pilot)
         await pilot.press("down", "down", "down", "down")  # the cat: source turn and audit
 
     assert _snap(snap_compare, scripted_app(tmp_path), run_before)
 
 
-def test_forget_asks_first(snap_compare, tmp_path):
+def test_forget_asks_first(snap_compare, tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERSCALE_HOME", str(tmp_path / "home"))
+
     async def run_before(pilot):
-        await pilot.press("f4")
-        await _until(pilot, lambda: pilot.app.screen.id == "memories" and pilot.app.screen.facts)
+        await _memory_browser(pilot)
         await pilot.press("f")
 
     assert _snap(snap_compare, scripted_app(tmp_path), run_before)

@@ -11,6 +11,8 @@ from textual.widgets import DataTable, Footer, Header, Input, Static
 
 from app.tui.screens.dialogs import ConfirmDialog, TextDialog
 from app.tui.widgets.status import StatusBar
+from inferscale_core import paths
+from inferscale_core.footprint import footprint, summary
 from inferscale_core.types import AuditEntry, Fact, Turn
 
 ALL_STATUSES = ("active", "superseded", "forgotten")
@@ -76,6 +78,7 @@ class MemoryScreen(Screen):
         with Horizontal(id="memory-body"):
             with Vertical(id="facts-pane"):
                 yield Input(placeholder="search memories (Ctrl+F)", id="fact-search")
+                yield Static("measuring what memory takes…", id="footprint")
                 yield DataTable(id="facts", cursor_type="row", zebra_stripes=True)
             with VerticalScroll(id="fact-detail-pane"):
                 yield Static("Select a memory to see its source and audit.", id="fact-detail")
@@ -90,6 +93,24 @@ class MemoryScreen(Screen):
         table.add_column("memory", key="text")
         table.focus()
         await self.reload()
+        self.show_footprint()
+
+    @work(exclusive=True, group="footprint")
+    async def show_footprint(self) -> None:
+        """One line over the list: memories, KV on disk per stored dtype and the budget, what
+        each memory tier holds, how many wait to be encoded (``memory stats`` in full)."""
+        session = getattr(self.app.host, "session", None)
+        store = getattr(session, "store", None)
+        config = self.app.config
+
+        def measure(log, pid):
+            return summary(footprint(log, pid, paths.kv_dir(), config, store))
+
+        try:
+            line = await self.app.read(measure)
+        except Exception as exc:  # noqa: BLE001 - shown in its place
+            line = f"what memory takes is unknown: {exc}"
+        self.query_one("#footprint", Static).update(Text(line, style="dim"))
 
     def action_focus_search(self) -> None:
         self.query_one("#fact-search").focus()
