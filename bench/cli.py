@@ -589,6 +589,74 @@ def _locomo_table(result: dict[str, Any]) -> None:
     _table(f"LoCoMo, {result['scores']['questions']} questions — {result['model']}", rows, columns)
 
 
+def _run_import(args: argparse.Namespace, console: Console) -> int:
+    import shutil
+
+    from bench import import_time
+    from bench.import_time import duration
+    from bench.report import command_line
+    from inferscale_core import paths
+
+    if args.turns < 2 or args.days < 1 or args.probes < 1 or args.encode_limit <= 0:
+        args.parser.error("--turns >= 2, --days and --probes >= 1, --encode-limit > 0")
+    # A fresh home (fact logs, inboxes, the KV store); the model cache stays the user's.
+    os.environ.setdefault(paths.CACHE_ENV, str(paths.cache_dir()))
+    work = Path(tempfile.mkdtemp(prefix="inferscale-import-"))
+    os.environ[paths.HOME_ENV] = str(work / "home")
+    try:
+        runtime = _open_runtime(args, console)
+        config = _config(args, console)
+        with console.status("importing…") as status:
+            result = import_time.run_import(
+                runtime,
+                config,
+                work,
+                turns=args.turns,
+                days=args.days,
+                probes=args.probes,
+                limit=args.encode_limit,
+                lazy_limit=args.lazy_limit,
+                seed=args.seed,
+                model_name=runtime.model_dir.name,
+                command=command_line(),
+                on_progress=_every(console, status.update, 30.0),
+            )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    _table(
+        f"Import of {args.turns:,} turns on {result['model']}",
+        result["rows"],
+        {
+            "mode": lambda r: r["mode"],
+            "imported": lambda r: duration(r["imported_s"]),
+            "usable": lambda r: duration(r["usable_s"], import_time.usable_extrapolated(r)),
+            "fully encoded": lambda r: duration(r["fully_encoded_s"], r["extrapolated"]),
+            "facts": lambda r: f"{r['facts']:,}",
+            "deferred": lambda r: f"{r['deferred']:,}",
+            "encoded": lambda r: f"{r['encoded']:,}",
+            "disk": lambda r: f"{r['kv_disk_bytes'] / 1e6:.0f} MB",
+            "facts/s": lambda r: f"{r['encode_rate_facts_per_s']:.2f}",
+            "probes": lambda r: f"{r['probes_answered_from_memory']}/{len(r['probes'])}",
+        },
+    )
+    return _finish(result, args, console, import_time)
+
+
+def _every(console: Console, show: Callable[[str], None], seconds: float) -> Callable[[str], None]:
+    """``show`` every line; print one every ``seconds`` (a long run leaves a trace)."""
+    last = [0.0]
+
+    import time
+
+    def progress(line: str) -> None:
+        show(line)
+        if time.monotonic() - last[0] >= seconds:
+            last[0] = time.monotonic()
+            console.print(f"[dim]{line}[/dim]")
+
+    return progress
+
+
 def _data(args: argparse.Namespace) -> Path:
     from bench.locomo_data import LocomoDataMissingError, require
 
@@ -843,6 +911,51 @@ def register(sub: argparse._SubParsersAction) -> None:
     kvq.add_argument("--data", type=Path, help=data_help)
     _outputs(kvq)
     kvq.set_defaults(func=_run_kv_quant, parser=kvq)
+
+    imp = bench_sub.add_parser(
+        "import",
+        help="a 10k-turn chat export dropped into the inbox: time until usable, fully encoded",
+        description="Writes a seeded JSON Lines export (two people, dated turns over --days,"
+        " one unique fact a turn), drops it into the inbox of a fresh home, where the real"
+        " inbox watcher imports it and the memory worker extracts and encodes it, and times"
+        " from the drop: imported, every turn extracted, every probe question retrieving its"
+        " fact (usable), nothing left to encode (fully encoded); then asks the probes. Once"
+        " with every fact encoded (eager, kv_encode_recent_days = all) and once with the"
+        " default (lazy), same export and engine. Past --encode-limit a mode stops and"
+        " extrapolates from its measured rates.",
+    )
+    imp.add_argument("--turns", type=int, default=10_000, help="turns of the export (10000)")
+    imp.add_argument("--days", type=int, default=1095, help="days they span (1095)")
+    imp.add_argument("--probes", type=int, default=20, help="questions, old and recent (20)")
+    imp.add_argument(
+        "--encode-limit",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="longest wait of the eager mode from the drop; the rest is extrapolated (300)",
+    )
+    imp.add_argument(
+        "--lazy-limit",
+        type=float,
+        default=1800.0,
+        metavar="SECONDS",
+        help="longest wait of the lazy mode, likewise (1800)",
+    )
+    imp.add_argument("--json", type=Path, metavar="PATH", help="write raw samples as JSON here")
+    imp.add_argument(
+        "--md",
+        type=Path,
+        metavar="PATH",
+        help="append a dated row with this command to the run log of this Markdown file",
+    )
+    imp.add_argument("--model", help="local Hugging Face model folder (default: SmolLM2)")
+    imp.add_argument(
+        "--kv-store-dtype",
+        choices=("model", "fp8", "int4"),
+        help="how entries are stored (default: the settings' kv_store_dtype)",
+    )
+    imp.add_argument("--seed", type=int, default=0, help="export and probe seed (0)")
+    imp.set_defaults(func=_run_import, parser=imp, plot=None)
 
     loc = bench_sub.add_parser(
         "locomo",
