@@ -1,0 +1,64 @@
+"""``bench import`` end to end on the session engine: a small export dropped into the inbox of
+each mode, eager (every fact encoded) and lazy (old turns' facts deferred)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import import_time
+from inferscale_core.config import AppConfig
+from inferscale_core.embedder import SentenceTransformerEmbedder
+from inferscale_core.session import HOWS
+
+pytestmark = pytest.mark.engine
+
+
+def test_the_export_is_a_jsonl_log_of_unique_dated_statements(tmp_path):
+    said = import_time.statements(200, 100, 30, seed=3)
+    assert said == import_time.statements(200, 100, 30, seed=3)
+    assert len({s.name for s in said}) == 200 and [s.when for s in said] == sorted(
+        s.when for s in said
+    )
+    assert 0 < sum(s.recent for s in said) < 200
+    path = import_time.write_export(tmp_path / "x.jsonl", said)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert {r["speaker"] for r in rows} == set(import_time.SPEAKERS)
+    probes = import_time.choose_probes(said, 6, seed=3)
+    assert sum(p.recent for p in probes) == 3 and all(p.name in p.text for p in probes)
+
+
+def test_import_bench_eager_encodes_all_lazy_defers_the_old(runtime, tmp_path):
+    # w=0: a quick encode on this CPU; recompute=0: the best hit injected when it can be
+    config = AppConfig(w=0, kv_disk_budget="off", recompute=0)
+    result = import_time.run_import(
+        runtime,
+        config,
+        tmp_path,
+        turns=40,
+        days=100,
+        probes=6,
+        limit=120,
+        max_tokens=2,
+        poll=0.2,
+        embedder=SentenceTransformerEmbedder(),
+    )
+    assert result["bench"] == "import" and result["settings"]["recent_days"] == 30
+    recent = result["export"]["recent_turns"]
+    eager, lazy = result["rows"]
+    assert (eager["mode"], lazy["mode"]) == ("eager", "lazy")
+    for row in (eager, lazy):
+        assert row["worker_errors"] == 0 and not row["extrapolated"], row
+        assert row["facts"] == 40 and row["turns_extracted"] == 40
+        assert 0 < row["imported_s"] <= row["extracted_s"] <= row["usable_s"]
+        assert row["extracted_s"] <= row["fully_encoded_s"] <= row["wall_s"]
+        assert row["kv_disk_bytes"] > 0 and row["encoded"] * 1000 < row["kv_disk_bytes"]
+        assert len(row["probes"]) == 6 and row["probes_answered_from_memory"] == 6
+        assert {p["used"] for p in row["probes"]} <= set(HOWS)
+    assert eager["deferred"] == 0 and eager["encoded"] == 40
+    assert lazy["deferred"] == 40 - recent and lazy["encoded"] == recent
+    # the old probes' facts were never encoded: they went in as text (or the best hits)
+    assert all(p["used"] != "injected" for p in lazy["probes"] if not p["recent"])
+    assert any(p["used"] == "injected" for p in eager["probes"] if not p["recent"])
+    assert import_time.headline(result).startswith("import of 40 turns: eager: usable")
