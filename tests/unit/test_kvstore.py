@@ -535,3 +535,21 @@ def test_demote_leaves_entries_on_the_asked_tier_only(tmp_path):
     assert _same(store.get("a"), a)
     with pytest.raises(ValueError, match="demote to"):
         store.demote(["a"], "device")
+
+
+def test_prefetch_reads_cold_files_together_and_reports_the_bad_ones(tmp_path):
+    writer = KVStore(tmp_path)
+    for i in range(6):
+        writer.put(_entry(f"k{i}", n=4 + i))
+    (tmp_path / "k2.safetensors").unlink()  # deleted under the reader
+    damaged = tmp_path / "k4.safetensors"
+    data = bytearray(damaged.read_bytes())
+    data[-3] ^= 0xFF  # one flipped byte in the last tensor
+    damaged.write_bytes(bytes(data))
+    store = KVStore(tmp_path, host_bytes=1 << 20)  # a fresh process: nothing read yet
+    report = store.prefetch([f"k{i}" for i in range(6)])  # five files read at once
+    assert sorted(report.missing) == ["k2", "k4"] and report.moved["disk"] > 0
+    assert store.lost() == ["k4"] and not damaged.exists()  # set aside, to be encoded again
+    for i in (0, 1, 3, 5):
+        assert store.where(f"k{i}") == ["host", "disk"]
+        assert _same(store.get(f"k{i}"), _entry(f"k{i}", n=4 + i))
