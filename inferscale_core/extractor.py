@@ -29,13 +29,60 @@ NOT_FACT_SPEAKERS = frozenset({"assistant", "system", "tool"})
 MIN_WORDS = 4
 MAX_FACT_CHARS = 400
 
+# Leading filler. Interjections go whatever follows them; a discourse word ("so", "well", "no")
+# only when a comma, a stop or a new clause ("I", "we") follows it, so "So much for..." and
+# "No one came" keep their first word.
+_INTERJECTION = r"(?:um+|uh+|erm|hmm+|oh|ah|ok(?:ay)?|yeah|yep|lol|haha+|hey|hi|hello|btw)\b"
+_DISCOURSE = (
+    r"(?:(?:so|well|anyway|actually|like|yes|no|thanks|thank you)(?=\s*[,.!:;-])"
+    r"|(?:so|well|anyway|actually)(?=\s+(?:I|we)\b))"
+)
 _FILLER_START = re.compile(
-    r"^(?:(?:um+|uh+|erm|hmm+|well|so|oh|ah|ok(?:ay)?|yeah|yep|yes|no|lol|haha+|hey|hi|hello|"
-    r"thanks|thank you|btw|anyway|actually|like)\b[\s,.!:;-]*)+",
-    re.IGNORECASE,
+    rf"^(?:(?:{_INTERJECTION}|{_DISCOURSE})[\s,.!:;-]*)+", re.IGNORECASE
 )
 _FILLER_END = re.compile(r"(?:[\s,]*(?:lol|haha+|hehe|:\)|:D|xD))+[\s.!]*$", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+# What a sentence of a person's turn does; a fact keeps only the sentences that tell.
+#   asks:   a question ("...?", or one opening "why is", "can I"), or a request to the listener:
+#           it opens with "can you", "do you", "tell me", "I'd like you to", "please" or an
+#           imperative of an assistant's trade ("write", "explain", "summarize"); or it says
+#           "please" or "let's" and tells nothing concrete ("Let's plan it for May, I'm in" tells).
+#   reacts: it opens with a reaction to what was said ("that helps", "sounds good", "got it",
+#           "thank you", "nice") and tells nothing concrete.
+#   tells:  the rest.
+# Concrete (_CONCRETE) is a first-person subject or possessive, a number, or a name (a capital
+# inside the sentence): "Thanks, that's where Ana lives" tells; "That helps a bit" does not.
+_ASKS = re.compile(
+    r"^(?:please|(?:can|could|would|will)\s+you|do\s+you|(?:can|could|may|should)\s+(?:i|we)"
+    r"|(?:what|where|when|who|why|how|which)(?:'s|\s+(?:is|are|was|were|do|does|did|can|should))"
+    r"|(?:tell|give|show|help|remind)\s+(?:me|us)"
+    r"|let\s+me\s+know|i(?:'d|\s+would)\s+like\s+you|i\s+(?:want|need)\s+you"
+    r"|write|explain|summari[sz]e|translate|suggest|recommend|describe|draft|rewrite|brainstorm"
+    r")\b",
+    re.IGNORECASE,
+)
+_SOFT_ASKS = re.compile(r"\bplease\b|^let's\b", re.IGNORECASE)
+_REACTS = re.compile(
+    r"^(?:(?:that|this)(?:'s|\s+is|\s+was|\s+sounds|\s+helps|\s+helped|\s+makes|\s+looks|\s+works)"
+    r"|sounds|got\s+it|makes\s+sense|thanks|thank\s+you"
+    r"|no\s+worries|fair\s+enough|nice|cool|great|awesome|perfect|wow|interesting|amazing|lovely"
+    r"|good|true|exactly|sure)\b",
+    re.IGNORECASE,
+)
+_CONCRETE = re.compile(r"(?i:\b(?:i|i'm|i've|i'd|i'll|my|mine|we|our|ours)\b)|\d|(?<=\s)[A-Z][a-z]")
+
+
+def sentence_kind(sentence: str) -> str:
+    """``"asks"``, ``"reacts"`` or ``"tells"``: what one sentence does (rules above)."""
+    text = sentence.strip()
+    concrete = _CONCRETE.search(text) is not None
+    if text.endswith("?") or _ASKS.match(text) or (_SOFT_ASKS.search(text) and not concrete):
+        return "asks"
+    if _REACTS.match(text) and not concrete:
+        return "reacts"
+    return "tells"
+
 _DAYS_AGO = re.compile(r"\b(\d{1,3}|a|one|two|three|four|five|six|seven)\s+days?\s+ago\b", re.I)
 _WEEKS_AGO = re.compile(r"\b(\d{1,2}|a|one|two|three)\s+weeks?\s+ago\b", re.I)
 _NUMBER_WORDS = {"a": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7}
@@ -94,20 +141,33 @@ def strip_filler(text: str) -> str:
     return text[:1].upper() + text[1:] if text else text
 
 
+def _words_cut(text: str, limit: int) -> list[str]:
+    """Cut a text longer than ``limit`` at the last space before it (mid-word only if none)."""
+    pieces = []
+    while len(text) > limit:
+        cut = text.rfind(" ", 0, limit + 1)
+        cut = cut if cut > 0 else limit
+        pieces.append(text[:cut].rstrip())
+        text = text[cut:].lstrip()
+    return [*pieces, text] if text else pieces
+
+
 def _chunks(text: str, limit: int) -> list[str]:
-    """Split a long text at sentence ends into pieces of at most ``limit`` characters."""
+    """Split a long text at sentence ends (and a too long sentence between words) into pieces of
+    at most ``limit`` characters."""
     if len(text) <= limit:
         return [text]
     pieces, current = [], ""
-    for sentence in _SENTENCE_END.split(text):
-        if current and len(current) + 1 + len(sentence) > limit:
-            pieces.append(current)
-            current = sentence
-        else:
-            current = f"{current} {sentence}".strip()
+    for long_sentence in _SENTENCE_END.split(text):
+        for sentence in _words_cut(long_sentence, limit):
+            if current and len(current) + 1 + len(sentence) > limit:
+                pieces.append(current)
+                current = sentence
+            else:
+                current = f"{current} {sentence}".strip()
     if current:
         pieces.append(current)
-    return [p[:limit] for p in pieces]
+    return pieces
 
 
 class DeterministicExtractor:
@@ -118,9 +178,9 @@ class DeterministicExtractor:
     def extract(self, turn: Turn, similar: Sequence[Fact] = ()) -> list[FactOp]:
         if turn.speaker.lower() in NOT_FACT_SPEAKERS:
             return []
-        # Questions ask; they do not tell. Keep only the statements of a turn.
-        statements = [s for s in _SENTENCE_END.split(strip_filler(turn.text)) if s]
-        text = " ".join(s for s in statements if not s.rstrip().endswith("?"))
+        # Questions and requests ask, reactions only react: keep the sentences that tell.
+        sentences = (strip_filler(s) for s in _SENTENCE_END.split(" ".join(turn.text.split())))
+        text = " ".join(s for s in sentences if s and sentence_kind(s) == "tells")
         if len(re.findall(r"[A-Za-z\u00C0-\uFFFF]+", text)) < MIN_WORDS:
             return []
         who = "" if turn.speaker.lower() == "user" else f"{turn.speaker}: "

@@ -14,6 +14,7 @@ from inferscale_core.extractor import (
     LLMExtractor,
     parse_operations,
     resolve_date,
+    sentence_kind,
     strip_filler,
 )
 from inferscale_core.types import Fact, Turn
@@ -132,3 +133,46 @@ def test_statements_are_kept_and_questions_dropped_from_a_turn():
     )
     assert [op.text for op in ops] == ["I moved to Lisbon last week."]
     assert ops[0].refers_to == date(2023, 5, 1)
+
+
+def test_a_discourse_word_is_filler_only_before_a_pause_or_a_clause():
+    assert strip_filler("So much for the diet, I ate two pizzas.") == (
+        "So much for the diet, I ate two pizzas."
+    )
+    assert strip_filler("No one came to my party.") == "No one came to my party."
+    assert strip_filler("No, I moved.") == "I moved."
+    assert strip_filler("Well I quit my job.") == "I quit my job."
+
+
+@pytest.mark.parametrize(
+    "sentence, kind",
+    [
+        ("Tell me a joke about translators.", "asks"),
+        ("Why is the sky blue", "asks"),
+        ("Could you translate this please", "asks"),
+        ("Another joke please, about cats.", "asks"),
+        ("Let's try another one.", "asks"),
+        ("Let's plan it for next month, I'm excited.", "tells"),
+        ("That helps a bit.", "reacts"),
+        ("Got it, that makes sense.", "reacts"),
+        ("Thanks, that's where Ana lives.", "tells"),
+        ("That was the best concert of my life.", "tells"),
+        ("My dog Miso is grey.", "tells"),
+    ],
+)
+def test_sentence_kinds(sentence, kind):
+    assert sentence_kind(sentence) == kind
+
+
+def test_a_turn_keeps_its_statements_and_drops_its_requests():
+    ops = DeterministicExtractor().extract(
+        Turn("user", "I work as a nurse now. Tell me a joke about nurses. Thanks!", MAY8)
+    )
+    assert [op.text for op in ops] == ["I work as a nurse now."]
+
+
+def test_an_overlong_sentence_is_cut_between_words():
+    text = "I planted " + ", ".join(f"tomato number {i}" for i in range(60)) + "."
+    ops = DeterministicExtractor().extract(Turn("user", text, MAY8))
+    assert len(ops) > 1 and all(len(op.text) <= 400 for op in ops)
+    assert " ".join(op.text for op in ops) == text
