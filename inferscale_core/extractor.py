@@ -2,10 +2,11 @@
 
 Two extractors share one output type:
 
-* :class:`DeterministicExtractor` — each substantive turn becomes a dated fact, stripped of
-  filler, with relative dates ("yesterday", "3 days ago") resolved against the turn's
-  timestamp. The default for the embedded 135M model, and the fallback whenever structured
-  output fails validation.
+* :class:`DeterministicExtractor` — the statements of each turn become a dated fact, stripped
+  of filler, requests and reactions, with its date ("yesterday", "3 days ago", "on 12 March",
+  "last Saturday", "in September 2024") resolved against the turn's timestamp (dateparser,
+  English only, for named dates). The default for the embedded 135M model, and the fallback
+  whenever structured output fails validation.
 * :class:`LLMExtractor` — asks the engine for JSON-schema-constrained operations against the
   most similar existing facts (vLLM structured outputs), validates them, and falls back.
 """
@@ -108,10 +109,63 @@ def _count(word: str) -> int:
     return int(word) if word.isdigit() else _NUMBER_WORDS[word.lower()]
 
 
+# Named dates. A sentence naming a month, a weekday, an ISO date or a year ("in 2019") goes to
+# dateparser (English only, against the turn's own time); the cheap check (_DATE_WORD) keeps
+# every other turn away from it and is the guard on what it finds: a span it reads as a date
+# ("We" as Wednesday, "900 a month", modal "may") counts only if it holds one of these words.
+_MONTHS = (
+    r"(?:january|february|march|april|june|july|august|september|october|november|december"
+    r"|jan|feb|mar|apr|jun|jul|aug|sept?|oct|nov|dec)\b|(?-i:May)\b"
+)
+_DATE_WORD = re.compile(
+    rf"\b(?:{_MONTHS}"
+    r"|(?:mon|tues|wednes|thurs|fri|satur|sun)day\b|\d{4}-\d\d-\d\d\b"
+    r"|(?:in|since|during|of)\s+(?:19|20)\d\d\b)",
+    re.IGNORECASE,
+)
+# "from 3 to 5 May", "12-16 April", "between 2 and 6 September": the first day, the same month.
+_DAY_RANGE = re.compile(
+    r"\b(\d{1,2})(?:st|nd|rd|th)?\s*(?:-|–|to|till|until|and)\s*\d{1,2}(?:st|nd|rd|th)?"
+    rf"(?=\s+(?:{_MONTHS}))",
+    re.IGNORECASE,
+)
+_WEEKEND = re.compile(r"\b(last|this|next)\s+weekend\b", re.IGNORECASE)
+_WEEKEND_SATURDAY = {"last": -2, "this": 5, "next": 12}  # days from this week's Monday
+# A plan looks forward: "I'll fly on 28 October" is this October's, "I flew on 28 October" too.
+_FUTURE = re.compile(
+    r"\b(?:will|shall|going\s+to|gonna|plan(?:s|ning)?\s+to|postponed|rescheduled|next)\b|'ll\b",
+    re.IGNORECASE,
+)
+
+
+def _named_date(text: str, when: datetime) -> date | None:
+    """The first named date of ``text`` (a weekend's Saturday, a month's first day)."""
+    day = when.date()
+    if match := _WEEKEND.search(text):
+        monday = day - timedelta(days=day.weekday())
+        return monday + timedelta(days=_WEEKEND_SATURDAY[match.group(1).lower()])
+    if not _DATE_WORD.search(text):
+        return None
+    from dateparser.search import search_dates
+
+    settings = {
+        "RELATIVE_BASE": when.replace(tzinfo=None),
+        "PREFER_DATES_FROM": "future" if _FUTURE.search(text) else "past",
+        "PREFER_DAY_OF_MONTH": "first",
+        "PREFER_MONTH_OF_YEAR": "first",
+        "RETURN_AS_TIMEZONE_AWARE": False,
+        "TIMEZONE": "UTC",
+    }
+    found = search_dates(_DAY_RANGE.sub(r"\1", text), languages=["en"], settings=settings)
+    return next((at.date() for span, at in found or () if _DATE_WORD.search(span)), None)
+
+
 def resolve_date(text: str, when: datetime | None) -> date | None:
     """The day ``text`` refers to, relative to when it was said (the turn's own day if none)."""
     if when is None:
         return None
+    if named := _named_date(text, when):
+        return named
     day = when.date()
     lowered = text.lower()
     if match := _DAYS_AGO.search(text):

@@ -176,3 +176,25 @@ def test_an_overlong_sentence_is_cut_between_words():
     ops = DeterministicExtractor().extract(Turn("user", text, MAY8))
     assert len(ops) > 1 and all(len(op.text) <= 400 for op in ops)
     assert " ".join(op.text for op in ops) == text
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("I moved to Porto on 12 March.", date(2023, 3, 12)),
+        ("I'll fly to Boston on 28 May.", date(2023, 5, 28)),
+        ("I saw Ana last Saturday.", date(2023, 5, 6)),
+        ("We went hiking last weekend.", date(2023, 5, 6)),  # the one just gone
+        ("I started the job in September 2022.", date(2022, 9, 1)),
+        ("I was in Rome from 3 to 5 April.", date(2023, 4, 3)),
+    ],
+)
+def test_named_dates_weekdays_and_months_resolve_against_the_turn(text, expected):
+    assert resolve_date(text, MAY8) == expected  # MAY8 is a Monday
+
+
+@pytest.mark.parametrize(
+    "text", ["We have 2 cats.", "My flat costs 900 a month.", "I may go back to university."]
+)
+def test_numbers_and_words_that_are_not_dates_keep_the_turns_day(text):
+    assert resolve_date(text, MAY8) == date(2023, 5, 8)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from datetime import date, datetime
 
-import pytest
-
 from inferscale_core.extractor import DeterministicExtractor
 from inferscale_core.types import Turn
 
@@ -140,7 +138,6 @@ def test_facts_are_told_apart_from_requests_and_filler():
     assert right >= 38, wrong  # >= 95%
 
 
-@pytest.mark.xfail(reason="named dates, weekdays and months are not read yet", strict=True)
 def test_dated_turns_get_their_day():
     right, wrong = date_score(DeterministicExtractor())
     assert right >= 0.9 * len(DATED_TURNS), wrong
