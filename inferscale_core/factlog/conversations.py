@@ -296,6 +296,24 @@ class ConversationsMixin(FactLogBase):
         ).fetchall()
         return [_turn_from_row(r) for r in rows]
 
+    def turn_sources(self, turn_ids: Iterable[int]) -> dict[int, tuple[int, str, Turn]]:
+        """``{turn id: (its conversation's id, that conversation's title, the turn)}`` for the
+        ids that are turns (where a fact came from)."""
+        ids = sorted({int(t) for t in turn_ids})
+        if not ids:
+            return {}
+        rows = self.db.execute(
+            "SELECT c.id, c.title, t.id, t.speaker, t.text, t.timestamp, t.source_id"
+            " FROM turns t JOIN conversations c ON c.id = t.conversation_id"
+            f" WHERE t.id IN ({','.join('?' * len(ids))})",
+            ids,
+        ).fetchall()
+        found: dict[int, tuple[int, str, Turn]] = {}
+        for cid, title, *turn in rows:
+            tid, parsed = _turn_from_row(turn)
+            found[tid] = (cid, title, parsed)
+        return found
+
     def turn_recency(
         self, turn_ids: Iterable[int]
     ) -> dict[int, tuple[str, datetime | None, datetime | None]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Sequence
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 from inferscale_core.factlog._base import (
@@ -265,6 +265,31 @@ class FactsMixin(AuditMixin, KVIndexMixin, EmbeddingsMixin, ReplyDetailsMixin):
                 "SELECT f.id, t.speaker FROM facts f"
                 " JOIN turns t ON t.id = json_extract(f.source_turn_ids, '$[0]')"
                 f" WHERE f.id IN ({marks})",
+                chunk,
+            ).fetchall()
+            found.update(rows)
+        return found
+
+    def facts_created_after(self, profile_id: int, when: datetime) -> frozenset[int]:
+        """The ids of the profile's active facts created after ``when`` (aware; compared in
+        UTC, as ``created_at`` is stored): what a search as of ``when`` leaves out."""
+        if when.tzinfo is None:
+            raise ValueError(f"when must be timezone-aware, got {when!r}")
+        stamp = when.astimezone(UTC).isoformat(timespec="microseconds")
+        rows = self.db.execute(
+            "SELECT id FROM facts WHERE profile_id = ? AND status = 'active' AND created_at > ?",
+            (profile_id, stamp),
+        ).fetchall()
+        return frozenset(r[0] for r in rows)
+
+    def successors(self, ids: Sequence[int]) -> dict[int, int]:
+        """``{fact id: the fact that replaced it}`` for those ``ids`` some fact supersedes
+        (:meth:`update_fact`; a retired fact has none)."""
+        found: dict[int, int] = {}
+        for chunk, marks in id_chunks(ids):
+            rows = self.db.execute(
+                f"SELECT supersedes, max(id) FROM facts WHERE supersedes IN ({marks})"
+                " GROUP BY supersedes",
                 chunk,
             ).fetchall()
             found.update(rows)
