@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Sequence
-from datetime import date
+from datetime import date, datetime
 from typing import Literal, Protocol
 
 import numpy as np
@@ -148,6 +148,7 @@ class Retriever:
         k: int = 8,
         order: Order = "best_last",
         mode: Mode = "hybrid",
+        as_of: datetime | None = None,
     ) -> list[Hit]:
         """The ``k`` active facts of the profile that best answer ``question``.
 
@@ -159,6 +160,11 @@ class Retriever:
         facts fused by weighted RRF, see the module docstring; ``Hit.score`` is the fused score
         over its maximum, so 1.0 = first in every list), "dense" (``Hit.score`` = cosine
         similarity) or "keyword" (BM25, made positive).
+
+        ``as_of`` (aware) keeps to the facts created at or before it: the memory as it stood
+        then, as far as today's active facts tell (one replaced or forgotten since is not
+        searched). The later facts are taken out of each ranking before fusion, which reads
+        that many more candidates, so they cost no hit and the ranks are those among the rest.
         """
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
@@ -166,12 +172,14 @@ class Retriever:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if k <= 0:
             return []
+        later = frozenset() if as_of is None else self.log.facts_created_after(profile_id, as_of)
         if mode == "keyword":
-            hits = self._hits(profile_id, self.log.keyword_search(profile_id, question, k), k)
+            found = self.log.keyword_search(profile_id, question, k + len(later))
+            hits = self._hits(profile_id, _without(found, later, k), k)
         elif mode == "dense":
-            hits = self._search(profile_id, question, k)
+            hits = self._search(profile_id, question, k, later)
         else:
-            hits = self._hybrid(profile_id, question, k)
+            hits = self._hybrid(profile_id, question, k, later)
         if order == "best_last":
             hits.reverse()
         elif order == "chronological":
@@ -186,18 +194,22 @@ class Retriever:
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _search(self, profile_id: int, text: str, k: int) -> list[Hit]:
-        """Dense, best first (the torch work on the retrieval thread). Hits the log no longer
-        backs are dropped (and removed from the index), and the search repeated until k good
-        ones are found or the index is exhausted."""
+    def _search(
+        self, profile_id: int, text: str, k: int, skip: frozenset[int] = frozenset()
+    ) -> list[Hit]:
+        """Dense, best first (the torch work on the retrieval thread), without the ids in
+        ``skip``. Hits the log no longer backs are dropped (and removed from the index), and the
+        search repeated until k good ones are found or the index is exhausted."""
         index = self._index(profile_id)
-        query, found = retrieval_thread.submit(self._embed_and_search, index, text, k).result()
+        n = k + len(skip)
+        query, found = retrieval_thread.submit(self._embed_and_search, index, text, n).result()
         while True:
+            found = _without(found, skip, k)
             facts = self._active_facts(profile_id, [fid for fid, _ in found])
             stale = [fid for fid, _ in found if fid not in facts]
             if not self._dropped(index, profile_id, stale):
                 break
-            found = retrieval_thread.submit(index.search, query, k).result()[0]
+            found = retrieval_thread.submit(index.search, query, n).result()[0]
         hits = [(facts[fid], score) for fid, score in found if fid in facts]
         return [Hit(fact, score, rank) for rank, (fact, score) in enumerate(hits, start=1)]
 
@@ -212,23 +224,29 @@ class Retriever:
         index.remove(stale)
         return not any(fid in index for fid in stale)
 
-    def _hybrid(self, profile_id: int, question: str, k: int) -> list[Hit]:
+    def _hybrid(
+        self, profile_id: int, question: str, k: int, skip: frozenset[int] = frozenset()
+    ) -> list[Hit]:
         """Best first: the fusion of the module docstring (ties: the better dense rank, then
-        the lower id). Only the fused head is re-read from the log, ``k`` ids at a time until
-        ``k`` active facts are found; a stale dense id read there is dropped from the index
-        and the search repeated."""
+        the lower id), over rankings without the ids in ``skip``. Only the fused head is re-read
+        from the log, ``k`` ids at a time until ``k`` active facts are found; a stale dense id
+        read there is dropped from the index and the search repeated."""
         n = CANDIDATES * k
         index = self._index(profile_id)
         # The question's embedding and the vector search run on the retrieval thread while
         # SQLite searches here: both let go of the GIL, so on two cores the search takes about
         # the longer of the two (docs/BENCHMARKS.md, "Retrieval latency").
-        dense_side = retrieval_thread.submit(self._embed_and_search, index, question, n)
-        keyword = self.log.keyword_search(profile_id, question, n)  # [(fact id, bm25)]
+        dense_side = retrieval_thread.submit(
+            self._embed_and_search, index, question, n + len(skip)
+        )
+        keyword = self.log.keyword_search(profile_id, question, n + len(skip))  # [(id, bm25)]
+        keyword = _without(keyword, skip, n)
         person = self._named_person(profile_id, question)
         said: dict[int, str | None] = {}  # fact id -> its speaker, of the ids looked up
         if person is not None:  # the keyword candidates' speakers, while the thread works
             self._read_speakers(said, [fid for fid, _ in keyword])
         query, dense = dense_side.result()  # [1, dim], [(fact id, cosine)] best first
+        dense = _without(dense, skip, n)
         top = (1 + KEYWORD_WEIGHT) / (RRF_K + 1)  # the score of a fact first in every list
         if person is not None:
             top += PEOPLE_WEIGHT / (RRF_K + 1)
@@ -253,7 +271,8 @@ class Retriever:
             facts, gone = self._first_active(profile_id, ranked, k)
             if not self._dropped(index, profile_id, [fid for fid in gone if fid in dense_rank]):
                 break
-            dense = retrieval_thread.submit(index.search, query, n).result()[0]
+            found = retrieval_thread.submit(index.search, query, n + len(skip)).result()[0]
+            dense = _without(found, skip, n)
         return [Hit(fact, fused[fact.id] / top, rank) for rank, fact in enumerate(facts, start=1)]
 
     def _read_speakers(self, said: dict[int, str | None], ids: list[int]) -> None:
@@ -370,6 +389,15 @@ class Retriever:
             if index is not None:  # else built from the log, with these, on first use
                 index.add([facts[i].id for i in rows], vectors[rows])
         return len(kept)
+
+
+def _without(
+    ranked: list[tuple[int, float]], skip: frozenset[int], n: int
+) -> list[tuple[int, float]]:
+    """The first ``n`` of ``(fact id, score)`` best first whose id is not in ``skip``."""
+    if not skip:
+        return ranked[:n]
+    return [pair for pair in ranked if pair[0] not in skip][:n]
 
 
 def _chronological(hit: Hit) -> tuple[bool, date, int]:
