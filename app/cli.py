@@ -30,7 +30,7 @@ examples:
   inferscale-assistant ask --fact "2023-05-08 I adopted a cat named Miso" "What is my cat called?"
   inferscale-assistant import ~/Downloads/conversations.json
   inferscale-assistant bench ttft --k 0,5,20,50 --runs 5 --json ttft.json
-  inferscale-assistant memory search cat
+  inferscale-assistant memory search "Where does my sister live?" --k 5   # what is retrieved
   inferscale-assistant memory forget 12
   inferscale-assistant doctor
   inferscale-assistant models prepare

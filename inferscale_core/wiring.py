@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from inferscale_core.factlog import FactLog
     from inferscale_core.memory_worker import MemoryWorker
     from inferscale_core.prompt_builder import PromptBuilder
+    from inferscale_core.retriever import Retriever
     from inferscale_core.session import Session, SessionConfig
     from inferscale_core.vllm_plugin.engine_group import EngineClient
     from inferscale_core.vllm_plugin.vllm_engine import EngineOptions
@@ -201,6 +202,15 @@ def session_settings(config: AppConfig, model_dir: Path) -> SessionConfig:
     )
 
 
+def make_retriever(factlog: FactLog, embedder: Embedder | None = None) -> Retriever:
+    """The retrieval the session runs, over ``factlog`` (``embedder``: the packaged MiniLM,
+    loaded offline on first use). Needs no engine: ``memory search`` uses it alone."""
+    from inferscale_core.embedder import SentenceTransformerEmbedder
+    from inferscale_core.retriever import Retriever
+
+    return Retriever(factlog, embedder or SentenceTransformerEmbedder())
+
+
 def open_session(
     assistant: Assistant,
     config: AppConfig,
@@ -227,7 +237,7 @@ def open_session(
     session = Session(
         factlog,
         profile_id,
-        Retriever(factlog, embedder),
+        make_retriever(factlog, embedder),
         assistant.builder,
         assistant.store,
         assistant.engine,

@@ -1,8 +1,11 @@
 """``inferscale-assistant memory list|search|forget|export|stats``: the memory without the UI.
 
 Works on the fact log at ``data_dir()/memory.db`` and the config's profile (``--profile``
-overrides it); no engine is started. ``forget`` removes a fact everywhere the TUI's memory
-browser does: the log (text, embeddings, KV rows, in one transaction) and the KV tensor files.
+overrides it); no engine is started. ``search`` runs the chat's own retrieval (MiniLM and the
+fact log's BM25 index, fused as a reply's memories are: ``wiring.make_retriever``) and shows
+each hit with its score, date, validity and the turn it came from. ``forget`` removes a fact
+everywhere the TUI's memory browser does: the log (text, embeddings, KV rows, in one
+transaction) and the KV tensor files.
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ import argparse
 import json
 import os
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -23,7 +27,12 @@ from inferscale_core import paths
 from inferscale_core.factlog import FactLog
 from inferscale_core.types import Fact
 
+if TYPE_CHECKING:
+    from inferscale_core.types import Hit, Turn
+
 FORGET_CAUSE = "forgotten with `inferscale-assistant memory forget`"
+EXCERPT_CHARS = 80  # of a hit's source turn
+SEARCH_MODES = ("hybrid", "dense", "keyword")  # inferscale_core.retriever.MODES, without torch
 
 
 def _profile(args: argparse.Namespace, console: Console) -> str | None:
@@ -62,12 +71,115 @@ def fact_json(fact: Fact) -> dict:
 
 def run_list(log: FactLog, pid: int, args: argparse.Namespace, console: Console) -> int:
     statuses = ("active", "superseded", "forgotten") if args.all else ("active",)
-    facts = log.search_facts(pid, getattr(args, "query", ""), statuses, limit=args.limit)
+    facts = log.search_facts(pid, "", statuses, limit=args.limit)
     if args.json:
         print(json.dumps([dict(fact_json(f), status=f.status) for f in facts], indent=2))
         return 0
-    what = f"memories matching {args.query!r}" if getattr(args, "query", "") else "memories"
-    Console().print(facts_table(facts, f"{len(facts)} {what} (newest first)"))
+    Console().print(facts_table(facts, f"{len(facts)} memories (newest first)"))
+    return 0
+
+
+def end_of_day(day: date) -> datetime:
+    """The last microsecond of ``day`` on this machine's clock (aware)."""
+    return datetime.combine(day, time.max).astimezone()
+
+
+def _excerpt(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= EXCERPT_CHARS else flat[: EXCERPT_CHARS - 1].rstrip() + "…"
+
+
+def _source_json(source: tuple[int, str, Turn] | None, turn_id: int) -> dict[str, Any] | None:
+    if source is None:  # its conversation was deleted
+        return None
+    conversation_id, title, turn = source
+    return {
+        "turn_id": turn_id,
+        "conversation_id": conversation_id,
+        "conversation": title,
+        "speaker": turn.speaker,
+        "timestamp": turn.timestamp.isoformat() if turn.timestamp else None,
+        "excerpt": _excerpt(turn.text),
+    }
+
+
+def hits_json(log: FactLog, hits: list[Hit]) -> list[dict[str, Any]]:
+    """What ``memory search --json`` prints: per hit, best first, its rank and score, the fact
+    (id, text, date, status, what it replaced and what replaced it) and its first source turn
+    (None: added by hand, or its conversation deleted)."""
+    facts = [hit.fact for hit in hits]
+    successors = log.successors([f.id for f in facts])
+    sources = log.turn_sources(f.source_turn_ids[0] for f in facts if f.source_turn_ids)
+    found = []
+    for hit in hits:
+        fact = hit.fact
+        first = fact.source_turn_ids[0] if fact.source_turn_ids else None
+        found.append(
+            {
+                "rank": hit.rank,
+                "score": hit.score,
+                **fact_json(fact),
+                "status": fact.status,
+                "superseded_by": successors.get(fact.id),
+                "source": None if first is None else _source_json(sources.get(first), first),
+            }
+        )
+    return found
+
+
+def _validity(hit: dict[str, Any]) -> str:
+    if hit["superseded_by"] is not None:
+        return f"{hit['status']}, superseded by #{hit['superseded_by']}"
+    if hit["supersedes"] is not None:
+        return f"{hit['status']}, replaces #{hit['supersedes']}"
+    return hit["status"]
+
+
+def _source_cell(source: dict[str, Any] | None) -> str:
+    if source is None:
+        return "[dim](no source turn)[/dim]"
+    when = f" · {source['timestamp'][:16].replace('T', ' ')}" if source["timestamp"] else ""
+    where = source["conversation"] or f"conversation {source['conversation_id']}"
+    return escape(f"{where} · {source['speaker']}{when}\n“{source['excerpt']}”")
+
+
+def run_search(log: FactLog, pid: int, args: argparse.Namespace, console: Console) -> int:
+    """The product's retrieval for QUERY: what the chat would inject, best first."""
+    from inferscale_core.wiring import make_retriever
+
+    k = args.k
+    if k is None:
+        config = load_config(console)
+        if config is None:
+            return 2
+        if config.k == 0:
+            console.print("[red]error:[/red] k = 0 in the settings (no retrieval): pass --k N")
+            return 2
+        k = config.k
+    as_of = None if args.at is None else end_of_day(args.at)
+    hits = make_retriever(log).search(pid, args.query, k, "best_first", args.mode, as_of)
+    found = hits_json(log, hits)
+    if args.json:
+        print(json.dumps(found, indent=2, ensure_ascii=False))
+        return 0
+    when = f", as of {args.at.isoformat()}" if args.at else ""
+    table = Table(
+        title=f"{len(found)} memories for {escape(repr(args.query))} ({args.mode}, k={k}{when})",
+        title_justify="left",
+    )
+    for name in ("rank", "score", "#", "about", "validity", "memory", "from"):
+        table.add_column(name, justify="right" if name in ("rank", "score", "#") else "left")
+    for hit in found:
+        table.add_row(
+            str(hit["rank"]),
+            f"{hit['score']:.3f}",
+            str(hit["id"]),
+            hit["refers_to"] or "",
+            _validity(hit),
+            escape(hit["text"]),
+            _source_cell(hit["source"]),
+        )
+    Console().print(table)
     return 0
 
 
@@ -176,6 +288,23 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         return args.action(log, log.profile(profile), args, console)
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"k must be a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"k must be a whole number >= 1, got {text!r}")
+    return value
+
+
+def _day(text: str) -> date:
+    try:
+        return datetime.strptime(text, "%Y-%m-%d").date()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a date YYYY-MM-DD: {text!r}") from None
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     memory = sub.add_parser(
         "memory",
@@ -196,12 +325,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     lst.set_defaults(func=_run, action=run_list)
     search = actions.add_parser(
         "search",
-        help="memories whose text contains QUERY",
-        description="List memories whose text contains QUERY (case-insensitive).",
+        help="what the assistant would retrieve for QUERY",
+        description="Run the chat's own retrieval for QUERY (no engine: MiniLM and the keyword"
+        " index only) and show the memories a reply would get, best first: rank, score, the"
+        " day the memory is about, its validity, its id and text, and the turn it came from."
+        " Scores: hybrid = the fused score over the best possible (1.0 = first in every"
+        " ranking), dense = cosine similarity, keyword = BM25.",
     )
-    search.add_argument("query", help="text to look for")
-    common(search)
-    search.set_defaults(func=_run, action=run_list)
+    search.add_argument("query", metavar="QUERY", help="a question, as you would ask it")
+    search.add_argument(
+        "--k", type=_positive, metavar="N", help="how many memories (default: k in the settings)"
+    )
+    search.add_argument(
+        "--mode",
+        choices=SEARCH_MODES,
+        default="hybrid",
+        help="the ranking: hybrid (the chat's: dense and keyword fused), dense (MiniLM only)"
+        " or keyword (BM25 over the fact log only); default hybrid",
+    )
+    search.add_argument(
+        "--at",
+        type=_day,
+        metavar="YYYY-MM-DD",
+        help="search the memory as it was at the end of that day (this machine's time zone):"
+        " only memories created by then. Today that means the active memories created by"
+        " then: one replaced or forgotten since is not searched",
+    )
+    search.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    search.add_argument(
+        "--profile", default=argparse.SUPPRESS, help="whose memory (default: the config's)"
+    )
+    search.set_defaults(func=_run, action=run_search)
     forget = actions.add_parser(
         "forget",
         help="forget memories by id (asks first)",
