@@ -256,7 +256,9 @@ class MemoryWorker:
                     break
                 wakes = self._wakes  # before the batch looks at the log
                 try:
-                    did = self._extract_batch(factlog) + self._encode_batch(factlog)
+                    # Every pending turn is extracted (searchable) before facts are encoded:
+                    # an import's memories are found, as text, long before all are encoded.
+                    did = self._extract_batch(factlog) or self._encode_batch(factlog)
                     if not did:  # nothing new: rewrite older entries in today's kv_store_dtype
                         did = self._convert_batch(factlog)
                     self._keep_budget(factlog)

@@ -57,6 +57,33 @@ from inferscale_core.vector_index import VectorIndex, make_index
 logger = logging.getLogger(__name__)
 
 _WORD = re.compile(r"[^\W_]+")  # letters and digits: a name matches word for word
+_SELF = frozenset({"i"})  # "I" ("I'm" too: _WORD splits it)
+
+
+def particulars(text: str) -> frozenset[str]:
+    """What tells one statement from a near-identical one: its numbers and its capitalized
+    words that do not start a sentence ("I" aside), casefolded."""
+    out = set()
+    for match in _WORD.finditer(text):
+        word = match.group()
+        before = text[: match.start()].rstrip()
+        if word[0].isdigit() or (
+            word[0].isupper()
+            and before
+            and before[-1] not in ".!?:\"'"
+            and word.lower() not in _SELF
+        ):
+            out.add(word.casefold())
+    return frozenset(out)
+
+
+def same_particulars(a: str, b: str) -> bool:
+    """Whether every name and number either text has (:func:`particulars`) is a word of both
+    (casefolded: "porto" and "Porto" agree)."""
+    words_a = {w.casefold() for w in _WORD.findall(a)}
+    words_b = {w.casefold() for w in _WORD.findall(b)}
+    return (particulars(a) | particulars(b)) <= (words_a & words_b)
+
 
 Order = Literal["best_last", "best_first", "chronological"]
 ORDERS: tuple[str, ...] = ("best_last", "best_first", "chronological")
@@ -188,9 +215,13 @@ class Retriever:
 
     def similar(self, profile_id: int, text: str, threshold: float = 0.92) -> Hit | None:
         """The profile's active fact most similar to ``text`` if its cosine similarity is at
-        least ``threshold``, else None (for merging near-duplicates at extraction)."""
+        least ``threshold`` and they name the same people, places and numbers
+        (:func:`same_particulars`), else None (for merging near-duplicates at extraction:
+        "My cousin Ana lives in Porto" and "My cousin Bea lives in Porto" are two facts)."""
         hits = self._search(profile_id, text, 1)
-        return hits[0] if hits and hits[0].score >= threshold else None
+        if hits and hits[0].score >= threshold and same_particulars(text, hits[0].fact.text):
+            return hits[0]
+        return None
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -236,9 +267,7 @@ class Retriever:
         # The question's embedding and the vector search run on the retrieval thread while
         # SQLite searches here: both let go of the GIL, so on two cores the search takes about
         # the longer of the two (docs/BENCHMARKS.md, "Retrieval latency").
-        dense_side = retrieval_thread.submit(
-            self._embed_and_search, index, question, n + len(skip)
-        )
+        dense_side = retrieval_thread.submit(self._embed_and_search, index, question, n + len(skip))
         keyword = self.log.keyword_search(profile_id, question, n + len(skip))  # [(id, bm25)]
         keyword = _without(keyword, skip, n)
         person = self._named_person(profile_id, question)

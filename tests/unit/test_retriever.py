@@ -15,7 +15,7 @@ import torch
 
 from inferscale_core.embedder import Embedder, SentenceTransformerEmbedder
 from inferscale_core.factlog import FactLog
-from inferscale_core.retriever import Retriever
+from inferscale_core.retriever import Retriever, particulars, same_particulars
 
 FACTS = {
     "cat": "My cat is called Miso",
@@ -146,7 +146,9 @@ def test_forgotten_facts_never_come_back(log, minilm):
         hits = retriever.search(p, question, k=3)
         assert pin not in {h.fact.id for h in hits} and len(hits) == 3
     assert pin not in retriever._index(p)  # the stale id was dropped from the index
-    assert retriever.similar(p, "My bank card PIN is 4821", threshold=0.0).fact.id != pin
+    same_text = retriever.search(p, "My bank card PIN is 4821", k=5, mode="dense")
+    assert len(same_text) == 5 and pin not in {h.fact.id for h in same_text}
+    assert retriever.similar(p, "My bank card PIN is 4821", threshold=0.0) is None
     # A fresh retriever builds from stored vectors: the forgotten one has none.
     fresh = Retriever(log, minilm)
     for question in asked[:10]:
@@ -233,3 +235,17 @@ def test_orders_and_similar(log, minilm):
     assert same is not None and same.fact.text == "I ran a half marathon in Porto"
     assert same.score > 0.92 and same.rank == 1
     assert retriever.similar(p, "The printer is out of toner") is None
+    # as close in meaning, but another place: a fact of its own, not a duplicate
+    assert retriever.similar(p, "I ran a half marathon in Lisbon", threshold=0.5) is None
+
+
+def test_particulars_tell_near_identical_statements_apart():
+    assert particulars("My cousin Ana moved to Porto in 2021. She likes it.") == {
+        "ana",
+        "porto",
+        "2021",
+    }
+    assert particulars("I think I'm done") == frozenset()  # "I" and a sentence's first word
+    assert not same_particulars("My neighbour Ana keeps goats", "My neighbour Bea keeps goats")
+    assert not same_particulars("The rent is 900 a month", "The rent is 950 a month")
+    assert same_particulars("i ran a half marathon in porto!", "I ran a half marathon in Porto")
