@@ -20,6 +20,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import struct
 import time
 import zlib
@@ -38,6 +39,10 @@ from inferscale_core.types import FactKV, KVQuant
 # in the model's dtype (still read); /1 stored pre-RoPE (stale: never injected)
 FORMAT = "inferscale-kv/3"
 FORMATS = ("inferscale-kv/2", FORMAT)
+# Another version of ours (/1 stored pre-RoPE keys): stale, not damaged. Any other "format" (or
+# none) in our folder is a header a damaged byte changed (safetensors orders the metadata as it
+# likes, so a byte flipped mid-header may land in that value).
+_OTHER_FORMAT = re.compile(r"inferscale-kv/\d+")
 SUFFIX = ".safetensors"
 _STALE_TEMP_S = 3600.0  # temporary files older than this are from a crashed writer
 # a write the disk refused for want of room: no space, over a quota, over a file size limit
@@ -171,8 +176,11 @@ def read_header(key: str, path: Path) -> EntryHeader:
             file_size = os.fstat(fh.fileno()).st_size
         info = json.loads(text)
         meta = info.pop("__metadata__", None) or {}
-        if meta.get("format") not in FORMATS:
-            raise ValueError(f"{path} is not an {FORMAT} entry")
+        form = meta.get("format")
+        if form not in FORMATS:
+            if isinstance(form, str) and _OTHER_FORMAT.fullmatch(form):  # stale, never injected
+                raise ValueError(f"{path} is not an {FORMAT} entry")
+            raise EntryCorruptError(key, f"its format is {form!r}")  # a damaged header
         header = _parse_header(key, meta, info)
         end = max(t["data_offsets"][1] for t in info.values())
     except FileNotFoundError:

@@ -165,6 +165,19 @@ def test_format_2_files_are_still_read(tmp_path):
     assert torch.equal(store.get("fact-a").k, entry.k)
 
 
+def test_an_entry_of_an_older_version_is_stale_not_damaged(tmp_path):
+    root = tmp_path / "kv"
+    root.mkdir()
+    entry = _entry()
+    meta = {"format": "inferscale-kv/1", "fingerprint": FP, "token_ids": "[1]"}
+    save_file({"k": entry.k, "v": entry.v}, str(root / "fact-a.safetensors"), metadata=meta)
+    store = KVStore(root, fingerprint=FP)
+    with pytest.raises(ValueError, match="is not an inferscale-kv/3 entry") as err:
+        store.header("fact-a")
+    assert not isinstance(err.value, EntryCorruptError)
+    assert (root / "fact-a.safetensors").exists() and store.lost() == []  # left as it is
+
+
 def _damage(path, how: str) -> None:
     data = bytearray(path.read_bytes())
     size = struct.unpack("<Q", data[:8])[0]
@@ -172,13 +185,15 @@ def _damage(path, how: str) -> None:
         data = data[: len(data) - 100]
     elif how == "payload bit":
         data[8 + size + 1000] ^= 0x10
-    elif how == "header byte":
-        data[8 + size // 2] = ord("}")
+    elif how == "header byte":  # the JSON's first brace: the header cannot parse
+        data[8] = ord("}")
+    elif how == "format byte":  # safetensors orders the metadata as it likes: find the value
+        data[data.index(b'"inferscale-kv/') + 5] = ord("}")
     path.write_bytes(bytes(data))
 
 
 @pytest.mark.parametrize("scheme", ["model", "fp8", "int4"])
-@pytest.mark.parametrize("how", ["truncated", "payload bit", "header byte"])
+@pytest.mark.parametrize("how", ["truncated", "payload bit", "header byte", "format byte"])
 def test_a_damaged_entry_is_refused_deleted_and_reported_lost(tmp_path, scheme, how):
     KVStore(tmp_path / "kv", fingerprint=FP, store_dtype=scheme).put(_entry())
     path = tmp_path / "kv" / "fact-a.safetensors"
