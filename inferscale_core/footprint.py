@@ -97,8 +97,9 @@ def summary(report: dict[str, Any]) -> str:
         budget = f"budget {size_text(max(budgets))}"
     else:
         budget = f"budget {report['kv_disk_budget']}"
+    facts = report["facts"]
     parts = [
-        f"{report['facts']:,} memories",
+        f"{facts:,} {'memory' if facts == 1 else 'memories'}",
         f"KV {size_text(report['disk_bytes'])} on disk ({stored}; {budget})",
     ]
     for name, tier in report.get("tiers", {}).items():

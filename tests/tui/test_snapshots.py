@@ -88,7 +88,7 @@ async def _memory_browser(pilot) -> None:
     await pilot.press("f4")
     await _until(pilot, lambda: pilot.app.screen.id == "memories" and pilot.app.screen.facts)
     line = pilot.app.screen.query_one("#footprint")
-    await _until(pilot, lambda: "memories ·" in str(line.render()))
+    await _until(pilot, lambda: " · KV " in str(line.render()))
 
 
 def test_memory_browser(snap_compare, tmp_path, monkeypatch):

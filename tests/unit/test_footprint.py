@@ -39,3 +39,11 @@ def test_footprint_counts_entries_per_dtype_tiers_and_deferred(tmp_path):
     line = summary(report)
     assert line.startswith("4 memories · KV ") and "(int4 2, model 1; no budget)" in line
     assert "host " in line and "1 encoded when first asked about" in line
+
+
+def test_one_memory_is_singular(tmp_path):
+    with FactLog.open(tmp_path / "memory.db") as log:
+        pid = log.profile("default")
+        log.add_fact(pid, "My sister Ines moved to Lisbon in March 2024.")
+        report = footprint(log, pid, tmp_path / "kv", AppConfig())
+    assert summary(report).startswith("1 memory · KV 0 B on disk (none yet; budget auto)")
