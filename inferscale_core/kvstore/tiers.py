@@ -304,15 +304,15 @@ class DeviceTier:
         found = list(map(entries.get, keys))
         if self._pool is None or not found or not all(found):
             return None
-        packs = list(map(_PACKED, found))
-        plain = len(packs) - packs.count(None)
-        packed = next((p for p in packs if p is not None), None)
-        if packed is None or packs.count(packed) != plain:
-            return None
-        layouts = [r.layout for r in found if r.packed is None]
-        layout = layouts[0] if layouts else None
-        if layouts and (layout is None or layouts.count(layout) != len(layouts)):
-            return None
+        packs = list(map(_PACKED, found))  # None for the plain ones
+        plain = packs.count(None)
+        packed = next(filter(None, packs), None)
+        if packed is None or packs.count(packed) != len(packs) - plain:
+            return None  # none compressed, or compressed in two layouts
+        layouts = list(map(_LAYOUT, found))  # None for the compressed ones
+        layout = next(filter(None, layouts), None)
+        if plain and (layout is None or layouts.count(layout) != plain):
+            return None  # plain entries of two layouts, or one not readable in place
         if layout is not None and layout[1:] != packed[3:6]:  # layers, heads, head_dim
             return None
         if fingerprint is not None and (
