@@ -364,7 +364,8 @@ def _summary(
     row: dict[str, Any] = {
         "mode": mode,
         "kv_encode_recent_days": config.kv_encode_recent_days,
-        **marks,
+        # the same rounding for every mark keeps their order (imported <= ... <= wall)
+        **{name: None if at is None else round(at, 2) for name, at in marks.items()},
         "wall_s": round(wall, 2),
         "turns": len(said),
         "turns_extracted": extracted,
