@@ -5,7 +5,8 @@ PNG plot (``--plot``) and a dated row with the exact command in a Markdown run l
 e.g. ``docs/BENCHMARKS.md``). Benches keep their KV entries in ``<data dir>/bench-kv``, apart
 from the user's memories. The latency benches (ttft, throughput, tiers) run on the real model,
 or with ``--dummy-config`` on dummy weights of any shape (a config.json; random ids and KV).
-``bench retrieval`` and ``bench recall`` need no engine: MiniLM, the indexes and the fact log.
+``bench retrieval``, ``bench recall`` and ``bench updates`` need no engine: MiniLM, the indexes
+and the fact log.
 """
 
 from __future__ import annotations
@@ -403,6 +404,33 @@ def _run_recall(args: argparse.Namespace, console: Console) -> int:
         )
     Console().print(recall.markdown(result), markup=False, highlight=False, soft_wrap=True)
     return _finish(result, args, console, recall)
+
+
+def _run_updates(args: argparse.Namespace, console: Console) -> int:
+    from bench import life_set, updates
+    from bench.report import command_line
+    from inferscale_core.embedder import SentenceTransformerEmbedder
+    from inferscale_core.retriever import MODES
+
+    ks = _ks(args, args.k)
+    modes = parse_names(args.modes)
+    if min(ks) < 1 or not modes or set(modes) - set(MODES):
+        args.parser.error(f"--k needs numbers >= 1, --modes some of {', '.join(MODES)}")
+    try:  # before MiniLM loads: a missing or broken set fails at once
+        life = life_set.load(args.data or life_set.DEFAULT)
+    except (OSError, ValueError) as exc:
+        args.parser.error(str(exc))
+    with console.status("benchmarking…") as status:
+        result = updates.run_updates(
+            life,
+            SentenceTransformerEmbedder(),
+            ks=ks,
+            modes=modes,
+            command=command_line(),
+            on_progress=status.update,
+        )
+    Console().print(updates.markdown(result), markup=False, highlight=False, soft_wrap=True)
+    return _finish(result, args, console, updates)
 
 
 def _run_locomo(args: argparse.Namespace, console: Console) -> int:
@@ -894,6 +922,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     rec.add_argument("--seed", type=int, default=0, help="seed of the timed questions (0)")
     _files(rec)
     rec.set_defaults(func=_run_recall, parser=rec)
+
+    upd = bench_sub.add_parser(
+        "updates",
+        help="the life set (issue 36): is what is true now retrieved first? R@k per mode",
+        description="Imports the life set (bench/data/life.json: two years of one person's"
+        " chats, attributes that change, dated events) into one profile, extracts its facts"
+        " with the product's own extractor as the memory worker does, then asks its questions"
+        " (update, past, month, paraphrase, people, single) of Retriever.search in each mode at"
+        " each k, 'now' being when each was asked. Prints R@k per mode and category, how often"
+        " the current value ranks above the replaced ones, how much of a month question's top"
+        " 10 lies in its month, and how the extractor dated the labelled turns.",
+    )
+    upd.add_argument("--k", default="1,5,10", help="comma-separated k (1,5,10)")
+    upd.add_argument(
+        "--modes", default="hybrid,dense,keyword", help="retrieval modes (hybrid,dense,keyword)"
+    )
+    upd.add_argument(
+        "--data", type=Path, metavar="PATH", help="the set (default: bench/data/life.json)"
+    )
+    _files(upd)
+    upd.set_defaults(func=_run_updates, parser=upd)
 
     kvq = bench_sub.add_parser(
         "kvquant",
