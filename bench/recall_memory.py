@@ -8,7 +8,9 @@ kept as its ``source_id``), the fact log stores the turns, and the memory worker
 over them in turn order (:meth:`inferscale_core.memory_worker.MemoryWorker._extract_batch`, the
 "add" path): the extractor's operations for a turn, each dropped when the retriever already holds
 a near-duplicate (:meth:`Retriever.similar`, cosine >= 0.92), else added with that turn as its
-source (``Fact.source_turn_ids``), then embedded and indexed (:meth:`Retriever.add_many`). The
+source (``Fact.source_turn_ids``), then embedded and indexed (:meth:`Retriever.add_many`);
+then, as the worker does before encoding, the facts later ones replaced are closed
+(:meth:`FactLog.read_slots`). The
 extractor is the default for the embedded model, :class:`DeterministicExtractor`, which ignores
 the similar facts the worker passes it (so none are looked up here).
 
@@ -165,4 +167,6 @@ def extract(
                     added.append(fact_id)
             factlog.set_extraction_cursor(profile_id, turn_id)
             retriever.add_many([f for f in map(factlog.get_fact, added) if f is not None])
+        while factlog.read_slots(profile_id)[0]:  # then, as the worker: what they replaced
+            pass
     return skipped

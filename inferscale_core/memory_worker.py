@@ -258,7 +258,11 @@ class MemoryWorker:
                 try:
                     # Every pending turn is extracted (searchable) before facts are encoded:
                     # an import's memories are found, as text, long before all are encoded.
-                    did = self._extract_batch(factlog) or self._encode_batch(factlog)
+                    did = (
+                        self._extract_batch(factlog)
+                        or self._read_slots(factlog)
+                        or self._encode_batch(factlog)
+                    )
                     if not did:  # nothing new: rewrite older entries in today's kv_store_dtype
                         did = self._convert_batch(factlog)
                     self._keep_budget(factlog)
@@ -414,6 +418,16 @@ class MemoryWorker:
             self.on_change(added, removed)
         return done
 
+    def _read_slots(self, factlog: FactLog) -> int:
+        """Close the facts the new ones replaced (:meth:`FactLog.read_slots`); a closed
+        fact's old KV goes (its line now says until when it held)."""
+        read, keys = factlog.read_slots(self.profile_id, self.batch_size * 4)
+        for key in keys:
+            self.store.delete(key)
+        if keys:
+            self.on_change([], [])
+        return read
+
     def _old_imported_turns(self, factlog: FactLog, turn_ids: list[int]) -> set[int]:
         """Those of ``turn_ids`` from an imported conversation, dated more than
         ``encode_recent_days`` before its last dated turn (their facts are deferred). A turn
@@ -486,7 +500,7 @@ class MemoryWorker:
         if self.w and fact.source_turn_ids:
             turns = factlog.context_turns(fact.source_turn_ids[0], self.w, self.window)
             context = tuple(context_line(t) for t in turns)
-        return MemoryFact(fact.text, fact.refers_to, context)
+        return MemoryFact(fact.text, fact.refers_to, context, until=fact.valid_until)
 
     def _encode_batch(self, factlog: FactLog) -> int:
         fingerprint = self.builder.fingerprint

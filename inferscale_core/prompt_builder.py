@@ -32,6 +32,7 @@ class MemoryFact:
     text: str
     when: date | datetime | None = None
     context: tuple[str, ...] = ()  # the w turns before it, oldest first (encoding context)
+    until: date | None = None  # when it stopped being true (Fact.valid_until)
 
 
 class PromptBuilder:
@@ -125,7 +126,7 @@ class PromptBuilder:
         spaces = [namespace] * len(facts) if isinstance(namespace, str) else list(namespace)
         planned = []
         for fact, space in zip(facts, spaces, strict=True):
-            ids = self.layout.fact_ids(fact_line(fact.text, fact.when))
+            ids = self.layout.fact_ids(fact_line(fact.text, fact.when, fact.until))
             context = self.context_ids(fact.context)
             material = (self.encoder.version, space, tuple(context), tuple(ids))
             planned.append((entry_key("fact", self.fingerprint, *material), context, ids))
@@ -155,7 +156,7 @@ class PromptBuilder:
         prompt injection)."""
         split = len(facts) - min(max(recompute, 0), len(facts))
         entries = self.encode_many(facts[:split])
-        lines = [fact_line(f.text, f.when) for f in facts[split:]]
+        lines = [fact_line(f.text, f.when, f.until) for f in facts[split:]]
         return self.compose(entries, question, history, w, lines, window, len(lines))
 
     def compose(
@@ -184,5 +185,5 @@ class PromptBuilder:
         self, facts: Sequence[MemoryFact], question: str, history: Sequence[tuple[str, str]] = ()
     ) -> list[int]:
         """The same request as plain text (the baseline, and what a full prefill computes)."""
-        lines = [fact_line(f.text, f.when) for f in facts]
+        lines = [fact_line(f.text, f.when, f.until) for f in facts]
         return self.layout.prompt_text_ids(lines, question, history)

@@ -49,6 +49,11 @@ REENCODING = "text (re-encoding)"  # its KV was dropped for the disk budget: pre
 HOWS = (INJECTED, RECOMPUTED, TEXT, REENCODING)
 
 
+def _line(fact: Fact) -> str:
+    """The fact's line in a prompt (with its end, when it stopped being true)."""
+    return fact_line(fact.text, fact.refers_to, fact.valid_until)
+
+
 @dataclass(slots=True)
 class SessionConfig:
     k: int = 50  # facts retrieved per turn (AppConfig.k says why 50)
@@ -206,7 +211,7 @@ class Session:
             fact = hit.fact
             when = fact.refers_to.isoformat() if fact.refers_to else None
             if hit.rank <= self.config.recompute:  # rank 1 = the best hit
-                lines.append(fact_line(fact.text, fact.refers_to))
+                lines.append(_line(fact))
                 used.append(InjectedFact(fact.id, fact.text, when, hit.score, RECOMPUTED))
                 continue
             key = keys.get(fact.id)
@@ -216,11 +221,9 @@ class Session:
                     header = headers([key])[0]
             if header is not None:
                 entries.append((key, list(header.token_ids)))
-                used.append(
-                    InjectedFact(fact.id, fact.text, when, hit.score, INJECTED, tiers[key])
-                )
+                used.append(InjectedFact(fact.id, fact.text, when, hit.score, INJECTED, tiers[key]))
             else:
-                lines.append(fact_line(fact.text, fact.refers_to))
+                lines.append(_line(fact))
                 used.append(InjectedFact(fact.id, fact.text, when, hit.score, TEXT))
         self._encode_lost()
         self._encode_deferred([f for f in used if f.how == TEXT])
@@ -294,7 +297,7 @@ class Session:
             layout,
             text,
             history,
-            [len(layout.fact_ids(fact_line(h.fact.text, h.fact.refers_to))) for h in by_rank],
+            [len(layout.fact_ids(_line(h.fact))) for h in by_rank],
             context=self.engine.max_model_len,
             reply_tokens=max_tokens or self.config.max_tokens,
             history_tokens=self.config.history_tokens,
@@ -316,7 +319,9 @@ class Session:
             k=k,
         )
         if mode == "prompt":
-            memory = [MemoryFact(h.fact.text, h.fact.refers_to) for h in hits]
+            memory = [
+                MemoryFact(h.fact.text, h.fact.refers_to, until=h.fact.valid_until) for h in hits
+            ]
             turn.prompt = self.builder.prompt_injection_ids(memory, text, history)
             if self.builder.salt_scope:  # a server's user: no prefix-cache blocks shared
                 turn.cache_salt = f"inferscale/prompt/{self.builder.salt_scope}"
@@ -438,6 +443,14 @@ class Session:
         for key in self.factlog.forget_fact(fact_id, cause):
             self.store.delete(key)
         self.retriever.remove(fact_id)
+
+    def reopen(self, fact_id: int, cause: str = "undone by the user") -> None:
+        """Undo a replacement: the fact a later one closed is true now again. Its KV goes (its
+        line no longer says "until"); the worker encodes it again."""
+        for key in self.factlog.reopen_fact(fact_id, cause):
+            self.store.delete(key)
+        if self.worker is not None:
+            self.worker.wake()
 
     def edit(self, fact_id: int, new_text: str, cause: str = "edited by the user") -> int:
         old_keys = self.factlog.kv_keys(fact_id)

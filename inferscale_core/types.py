@@ -59,6 +59,10 @@ class Fact:
     status: str
     supersedes: int | None  # id of the fact this one replaced
     created_at: datetime
+    # the day it stopped being true, and the later fact that said so (an active fact with an
+    # end is true of its time: "I live in Lisbon" until the move to Porto); None: true now
+    valid_until: date | None = None
+    ended_by: int | None = None
 
 
 @dataclass(slots=True)

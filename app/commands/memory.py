@@ -66,6 +66,9 @@ def fact_json(fact: Fact) -> dict:
         "created_at": fact.created_at.isoformat(),
         "source_turn_ids": fact.source_turn_ids,
         "supersedes": fact.supersedes,
+        # null: true now; else the day a later fact (ended_by) replaced or ended it
+        "valid_until": fact.valid_until.isoformat() if fact.valid_until else None,
+        "ended_by": fact.ended_by,
     }
 
 
@@ -128,6 +131,8 @@ def hits_json(log: FactLog, hits: list[Hit]) -> list[dict[str, Any]]:
 
 
 def _validity(hit: dict[str, Any]) -> str:
+    if hit["valid_until"] is not None:
+        return f"true until {hit['valid_until']}, replaced by #{hit['ended_by']}"
     if hit["superseded_by"] is not None:
         return f"{hit['status']}, superseded by #{hit['superseded_by']}"
     if hit["supersedes"] is not None:

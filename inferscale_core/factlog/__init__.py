@@ -13,6 +13,7 @@ tables), each a mixin of :class:`FactLog` over the shared connection of
 * ``_base``: opening the file, the transaction helper (:meth:`FactLog.transaction`), helpers;
 * ``conversations``: ``profiles``, ``conversations``, ``turns``;
 * ``facts``: ``facts`` (each change writes its ``audit`` row); ``audit``: reading the trail;
+* ``validity``: a fact's end in time (``valid_until``, ``ended_by``) and ``fact_slots``;
 * ``kv_index``: ``kv_entries``; ``embeddings``: ``fact_embeddings``;
 * ``fulltext``: ``facts_fts_p<id>``, each profile's BM25 keyword index of its active facts
   (kept by triggers);

@@ -43,7 +43,10 @@ def id_chunks(ids: Sequence[int]) -> list[tuple[list[int], str]]:
     return [(chunk, ",".join("?" * len(chunk))) for chunk in chunks]
 
 
-FACT_COLUMNS = "id, profile_id, text, refers_to, source_turn_ids, status, supersedes, created_at"
+FACT_COLUMNS = (
+    "id, profile_id, text, refers_to, source_turn_ids, status, supersedes, created_at,"
+    " valid_until, ended_by"
+)
 """The ``facts`` columns :func:`fact_from_row` expects, in its order."""
 
 
@@ -86,7 +89,7 @@ def like_pattern(text: str) -> str:
 
 def fact_from_row(row: Sequence[Any]) -> Fact:
     """A :class:`Fact` from a row selected as :data:`FACT_COLUMNS`."""
-    fid, profile_id, text, refers_to, turn_ids, status, supersedes, created_at = row
+    fid, profile_id, text, refers_to, turn_ids, status, supersedes, created_at, until, by = row
     return Fact(
         id=fid,
         profile_id=profile_id,
@@ -96,6 +99,8 @@ def fact_from_row(row: Sequence[Any]) -> Fact:
         status=status,
         supersedes=supersedes,
         created_at=datetime.fromisoformat(created_at),
+        valid_until=None if until is None else date.fromisoformat(until),
+        ended_by=by,
     )
 
 

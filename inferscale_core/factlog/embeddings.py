@@ -8,7 +8,9 @@ form.
 
 from __future__ import annotations
 
-from inferscale_core.factlog._base import FactLogBase
+from collections.abc import Sequence
+
+from inferscale_core.factlog._base import FactLogBase, id_chunks
 
 
 class EmbeddingsMixin(FactLogBase):
@@ -39,6 +41,20 @@ class EmbeddingsMixin(FactLogBase):
             (profile_id, model),
         ).fetchall()
         return [(r[0], r[1]) for r in rows]
+
+    def embeddings_of(
+        self, profile_id: int, model: str, ids: Sequence[int]
+    ) -> list[tuple[int, bytes]]:
+        """:meth:`embeddings` of those ``ids`` only (the facts a question's interval holds)."""
+        found: list[tuple[int, bytes]] = []
+        for chunk, marks in id_chunks(ids):
+            found += self.db.execute(
+                "SELECT e.fact_id, e.vector FROM fact_embeddings e JOIN facts f ON f.id = e.fact_id"
+                f" WHERE e.fact_id IN ({marks}) AND f.profile_id = ? AND f.status = 'active'"
+                " AND e.model = ?",
+                (*chunk, profile_id, model),
+            ).fetchall()
+        return found
 
     def count_embeddings(self, profile_id: int) -> dict[str, int]:
         """How many of the profile's active facts have an embedding, per embedding model."""

@@ -28,6 +28,7 @@ from inferscale_core.factlog.embeddings import EmbeddingsMixin
 from inferscale_core.factlog.fulltext import search_context
 from inferscale_core.factlog.kv_index import KVIndexMixin
 from inferscale_core.factlog.replies import ReplyDetailsMixin
+from inferscale_core.factlog.validity import ValidityMixin
 from inferscale_core.types import Fact
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ def _refers_to_text(refers_to: date | str | None) -> str | None:
     return refers_to.isoformat()
 
 
-class FactsMixin(AuditMixin, KVIndexMixin, EmbeddingsMixin, ReplyDetailsMixin):
+class FactsMixin(ValidityMixin, AuditMixin, KVIndexMixin, EmbeddingsMixin, ReplyDetailsMixin):
     # -- writing ----------------------------------------------------------------------------
 
     def add_fact(
@@ -186,6 +187,10 @@ class FactsMixin(AuditMixin, KVIndexMixin, EmbeddingsMixin, ReplyDetailsMixin):
             self._forget_in_replies(fact_id)
             if status == "forgotten":
                 return self._drop_kv(fact_id)
+            # what it closed is true again: nothing the memory still holds replaced it
+            reopened = self._reopen_ended_by(
+                fact_id, f"fact {fact_id}, which replaced it, was forgotten"
+            )
             now = utc_now()
             self.db.execute(
                 "UPDATE facts SET status = 'forgotten', text = '', search_context = '',"
@@ -193,7 +198,7 @@ class FactsMixin(AuditMixin, KVIndexMixin, EmbeddingsMixin, ReplyDetailsMixin):
                 (now, fact_id),
             )
             self._audit(profile_id, fact_id, "forget", cause, text, None, now)
-            return self._drop_kv(fact_id)
+            return sorted({*self._drop_kv(fact_id), *reopened})
 
     def _check_turns(self, profile_id: int, turn_ids: list[int]) -> None:
         """Raise ``ValueError`` unless every id is a turn of the profile."""

@@ -439,6 +439,55 @@ def m014_kv_deferred(db: Database) -> None:
     )
 
 
+@migrations()
+def m015_validity(db: Database) -> None:
+    # What is true now (issue 36). A fact is valid from its refers_to (else the day it was
+    # made) until valid_until (NULL: still true), when ended_by, a later fact of the same
+    # profile, replaced or ended it (validity.py; the fact stays active: it is true of its
+    # time). fact_slots holds the single-valued attributes a fact sets or ends
+    # (inferscale_core.slots), looked up by (profile, holder|attribute); facts.slots_read
+    # says the fact's text was read for them (0 for the facts made before this migration:
+    # the memory worker reads those). The audit's actions gain 'close' and 'reopen': the
+    # table is remade with the wider CHECK, its rows and ids kept.
+    db.execute("ALTER TABLE facts ADD COLUMN valid_until TEXT")
+    db.execute("ALTER TABLE facts ADD COLUMN ended_by INTEGER")
+    db.execute("ALTER TABLE facts ADD COLUMN slots_read INTEGER NOT NULL DEFAULT 0")
+    db.execute("CREATE INDEX idx_facts_ended_by ON facts (ended_by)")
+    db.execute(
+        """
+        CREATE TABLE fact_slots (
+            fact_id INTEGER NOT NULL REFERENCES facts(id) ON DELETE CASCADE,
+            profile_id INTEGER NOT NULL REFERENCES profiles(id),
+            key TEXT NOT NULL,
+            value TEXT NOT NULL,
+            ends INTEGER NOT NULL CHECK (ends IN (0, 1)),
+            PRIMARY KEY (fact_id, key, ends)
+        )
+        """
+    )
+    db.execute("CREATE INDEX idx_fact_slots_key ON fact_slots (profile_id, key)")
+    db.execute(
+        """
+        CREATE TABLE audit_new (
+            id INTEGER PRIMARY KEY,
+            profile_id INTEGER NOT NULL REFERENCES profiles(id),
+            fact_id INTEGER NOT NULL,
+            action TEXT NOT NULL
+                CHECK (action IN ('add', 'update', 'delete', 'forget', 'close', 'reopen')),
+            cause TEXT NOT NULL,
+            old_text TEXT,
+            new_text TEXT,
+            at TEXT NOT NULL,
+            FOREIGN KEY (fact_id, profile_id) REFERENCES facts(id, profile_id)
+        )
+        """
+    )
+    db.execute("INSERT INTO audit_new SELECT * FROM audit")
+    db.execute("DROP TABLE audit")
+    db.execute("ALTER TABLE audit_new RENAME TO audit")
+    db.execute("CREATE INDEX idx_audit_profile_fact ON audit (profile_id, fact_id)")
+
+
 def migrate(db: Database) -> None:
     """Apply every pending migration; a no-op when the schema is current.
 

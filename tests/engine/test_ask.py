@@ -125,3 +125,25 @@ def test_a_question_longer_than_the_context_is_one_line(runtime, tmp_path, monke
     assert "Traceback" not in err
     code, report, err = _ask(runtime, question, "2024-03-01 I keep bees.", log=log)  # --fact
     assert code == 2 and report is None and err.startswith("error: the message is "), err
+
+
+def test_after_a_move_the_new_home_is_the_best_hit_and_the_old_one_says_until(
+    runtime, tmp_path, monkeypatch
+):
+    monkeypatch.setenv(paths.HOME_ENV, str(tmp_path / "home"))
+    for told in ("I live in Lisbon with my partner.", "We moved to Porto with the kids."):
+        code, report, err = _ask(runtime, told, remember_timeout_s=300)
+        assert code == 0 and report["remembered"] is True, err
+    code, report, err = _ask(runtime, "Where do I live?", log=False)
+    assert code == 0, err
+    texts = [f["text"] for f in report["facts"]]  # best last
+    assert texts[-1] == "We moved to Porto with the kids.", texts
+    assert texts.index("I live in Lisbon with my partner.") < len(texts) - 1
+    with FactLog.open(paths.memory_db()) as log:
+        pid = log.profile("default")
+        lisbon = next(f for f in log.active_facts(pid) if "Lisbon" in f.text)
+        assert lisbon.valid_until is not None and lisbon.ended_by is not None
+    # a question about the past is not steered to the current home
+    code, report, err = _ask(runtime, f"Where did I live in {lisbon.valid_until.year - 1}?")
+    assert code == 0, err
+    assert "Lisbon" in report["facts"][-1]["text"], report["facts"]

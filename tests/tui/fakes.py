@@ -93,6 +93,9 @@ class ScriptedSession:
     def edit(self, fact_id: int, new_text: str, cause: str = "edited by the user") -> int:
         return self.factlog.update_fact(fact_id, new_text, cause)
 
+    def reopen(self, fact_id: int, cause: str = "undone by the user") -> None:
+        self.factlog.reopen_fact(fact_id, cause)
+
     def close(self) -> None:
         self.factlog.close()
 

@@ -471,3 +471,39 @@ async def test_conversations_settings_keys_and_commands(runtime, tmp_path):
             assert await app.read(lambda log, pid: log.conversation_turns(cid)) == []
     finally:
         app.host.close()
+
+
+async def test_memory_browser_shows_and_undoes_a_replacement(runtime, tmp_path):
+    seed = ["I live in Lisbon with my partner.", "We moved to Porto with the kids."]
+    app = _app(runtime, tmp_path, seed=seed)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await _until(pilot, lambda: app.host.ready, what="the session")
+            hits = await app.call(lambda s: s.retriever.search(s.profile_id, "Where do I live?", 2))
+            assert hits[-1].fact.text == seed[1]  # best last: the current home
+            await pilot.press("f4")
+            screen = app.screen
+            table = screen.query_one("#facts", DataTable)
+            await _until(pilot, lambda: table.row_count == 2, what="the facts")
+            screen.query_one("#fact-search").value = "Lisbon"
+            await _until(pilot, lambda: table.row_count == 1, what="the Lisbon fact")
+            (lisbon_id,) = screen.facts
+            assert str(table.get_cell(str(lisbon_id), "status")).startswith("until ")
+            detail = screen.query_one("#fact-detail", Static)
+            await _until(pilot, lambda: "true until" in str(detail.render()), what="its end")
+            assert "close" in str(detail.render()) and "We moved to Porto" in str(detail.render())
+            table.focus()
+            await pilot.press("u")
+            await _until(
+                pilot,
+                lambda: screen.facts.get(lisbon_id) and screen.facts[lisbon_id].valid_until is None,
+                what="the undo",
+            )
+            fact = await app.read(lambda log, pid: log.get_fact(lisbon_id))
+            assert fact.valid_until is None and fact.ended_by is None
+            assert (await app.read(lambda log, pid: log.audit(pid, lisbon_id)))[-1].action == (
+                "reopen"
+            )
+            assert str(table.get_cell(str(lisbon_id), "status")) == "active"
+    finally:
+        app.host.close()

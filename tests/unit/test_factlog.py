@@ -59,6 +59,9 @@ EXPECTED_COLUMNS = {
         "created_at": str,
         "updated_at": str,
         "search_context": str,
+        "valid_until": str,
+        "ended_by": int,
+        "slots_read": int,
     },
     "audit": {
         "id": int,
@@ -83,6 +86,7 @@ EXPECTED_COLUMNS = {
     },
     "kv_deferred": {"fact_id": int, "reason": str, "since": str},
     "fact_embeddings": {"fact_id": int, "model": str, "dim": int, "vector": bytes},
+    "fact_slots": {"fact_id": int, "profile_id": int, "key": str, "value": str, "ends": int},
     "imports": {
         "id": int,
         "profile_id": int,
@@ -162,6 +166,7 @@ def test_migrations_create_the_schema_and_reapply_as_a_no_op():
         "m012_fact_search_context",
         "m013_facts_fts_per_profile",
         "m014_kv_deferred",
+        "m015_validity",
     ]
     assert db["kv_entries"].pks == ["fact_id", "model_fingerprint", "w", "encoder_version"]
     assert db["fact_embeddings"].pks == ["fact_id", "model"]

@@ -1,4 +1,5 @@
-"""The memory browser: search facts, see where each came from and its audit, edit, forget."""
+"""The memory browser: search facts, see where each came from and its audit, edit, forget,
+and undo a replacement (a fact a later one closed: "true until 2025-03")."""
 
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ def fact_detail(fact: Fact, turns: list[tuple[int, Turn]], audit: list[AuditEntr
     text.append(f" · {fact.status}", style="red" if fact.status == "forgotten" else "green")
     if fact.refers_to:
         text.append(f" · about {fact.refers_to.isoformat()}", style="cyan")
+    if fact.valid_until is not None:
+        text.append(f" · true until {fact.valid_until.isoformat()}", style="yellow")
+        text.append(f", replaced by #{fact.ended_by} (u: undo)", style="dim")
     text.append("\n")
     text.append(fact.text or "(forgotten: the text is kept only in the audit below)")
     text.append(f"\nadded {_when(fact.created_at)} UTC", style="dim")
@@ -52,6 +56,8 @@ def fact_detail(fact: Fact, turns: list[tuple[int, Turn]], audit: list[AuditEntr
         text.append(f" · {entry.cause}\n")
         if entry.action in ("update", "forget", "delete") and entry.old_text:
             text.append(f"  was: {entry.old_text}\n", style="dim")
+        if entry.action == "close" and entry.new_text:
+            text.append(f"  by: {entry.new_text}\n", style="dim")
     return text
 
 
@@ -65,6 +71,7 @@ class MemoryScreen(Screen):
         Binding("ctrl+f", "focus_search", "Search"),
         Binding("e", "edit", "Edit"),
         Binding("f,delete", "forget", "Forget"),
+        Binding("u", "reopen", "Undo replaced"),
         Binding("a", "toggle_all", "Show all"),
     ]
 
@@ -140,7 +147,10 @@ class MemoryScreen(Screen):
         for fact in facts:
             date = fact.refers_to.isoformat() if fact.refers_to else ""
             text = fact.text or "(forgotten)"
-            table.add_row(str(fact.id), date, fact.status, text[:200], key=str(fact.id))
+            status = fact.status
+            if fact.valid_until is not None:  # true of its time, replaced since
+                status = f"until {fact.valid_until.strftime('%Y-%m')}"
+            table.add_row(str(fact.id), date, status, text[:200], key=str(fact.id))
         if current in self.facts:
             table.move_cursor(row=table.get_row_index(str(current)))
         self.border_subtitle = f"{len(facts)} shown"
@@ -213,3 +223,18 @@ class MemoryScreen(Screen):
             with search.prevent(Input.Changed):
                 search.value = ""
         await self.reload(select=new_id)
+
+    @work(exclusive=True, group="memory-dialog")
+    async def action_reopen(self) -> None:
+        """Undo a replacement: the selected fact is true now again (audit 'reopen')."""
+        fact = self.facts.get(self.selected_id or -1)
+        if fact is None or fact.status != "active" or fact.valid_until is None:
+            self.notify("Select a memory that a later one replaced (status 'until ...').")
+            return
+        try:
+            await self.app.call(lambda session: session.reopen(fact.id))
+        except Exception as exc:  # noqa: BLE001 - told to the user
+            self.notify(f"Could not undo #{fact.id}: {exc}", severity="error")
+            return
+        self.notify(f"Memory #{fact.id} is true now again (replaced by #{fact.ended_by} undone).")
+        await self.reload(select=fact.id)

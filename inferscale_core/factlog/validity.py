@@ -1,0 +1,199 @@
+"""Validity in time: which facts stopped being true, when, and what said so.
+
+A fact is valid from the day it refers to (``refers_to``; else the day it was made) until
+``valid_until`` (None: true now). :meth:`ValidityMixin.close_replaced` reads a new fact's slots
+(:mod:`inferscale_core.slots`: "I live in Lisbon" sets ``self|residence = lisbon``) into
+``fact_slots`` and closes the facts it replaces: an open fact of the same holder and attribute
+with another value, dated no later, ends the day the new one begins (``valid_until``,
+``ended_by``), and an ending ("Rex died") closes the open fact with its value. A fact dated
+*before* an open one of its slot (an old turn imported late) is closed by that one instead.
+Both stay active: "I lived in Lisbon" is still true of 2023, and a question about then
+retrieves it (:mod:`inferscale_core.retriever`).
+
+Every close writes an audit row ('close', the cause names the fact that replaced it) in the
+same transaction; :meth:`ValidityMixin.reopen_fact` undoes one ('reopen'), and forgetting the
+fact that closed others reopens them. A closed or reopened fact's KV rows are dropped with it:
+its line in a prompt now says until when it held (``- 2023-05-01 I live in Lisbon (until
+2025-03)``), so its KV is encoded again; the caller deletes the tensors under the returned
+keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import date
+
+from inferscale_core.factlog._base import id_chunks, utc_now
+from inferscale_core.factlog.audit import AuditMixin
+from inferscale_core.factlog.kv_index import KVIndexMixin
+from inferscale_core.slots import ANY, Slot, slots
+
+
+class ValidityMixin(AuditMixin, KVIndexMixin):
+    def close_replaced(self, fact_id: int, cause: str | None = None) -> list[str]:
+        """Read an active fact's slots and close what it replaces (module docstring). Returns
+        the KV keys dropped (of every fact closed); [] when it replaces nothing. A fact read
+        already, or no longer active, changes nothing."""
+        with self.transaction():
+            row = self.db.execute(
+                "SELECT profile_id, text, refers_to, created_at, status, slots_read"
+                " FROM facts WHERE id = ?",
+                (fact_id,),
+            ).fetchone()
+            if row is None:
+                raise KeyError(f"no fact {fact_id}")
+            profile_id, text, refers_to, created_at, status, read = row
+            if status != "active" or read:
+                return []
+            self.db.execute("UPDATE facts SET slots_read = 1 WHERE id = ?", (fact_id,))
+            begins = refers_to or created_at[:10]
+            keys: list[str] = []
+            for slot in slots(text):
+                self.db.execute(
+                    "INSERT OR IGNORE INTO fact_slots (fact_id, profile_id, key, value, ends)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (fact_id, profile_id, slot.key, slot.value, int(slot.ends)),
+                )
+                for other, other_begins, value in self._open_in_slot(profile_id, slot, fact_id):
+                    if slot.ends:
+                        if slot.same_value(value) and other_begins <= begins:
+                            keys += self._close(profile_id, other, fact_id, begins, slot, cause)
+                    elif slot.same_value(value):
+                        continue  # told again: the older statement still holds
+                    elif other_begins <= begins:
+                        keys += self._close(profile_id, other, fact_id, begins, slot, cause)
+                    elif self._is_open(fact_id):  # a newer fact replaced this one already
+                        keys += self._close(profile_id, fact_id, other, other_begins, slot, cause)
+            return sorted(set(keys))
+
+    def reopen_fact(self, fact_id: int, cause: str) -> list[str]:
+        """Undo a close: the fact is true now again (audit 'reopen'). Returns the KV keys
+        dropped (its line changes). Raises ``KeyError`` for no such fact and ``ValueError``
+        for a fact that is not closed."""
+        with self.transaction():
+            profile_id, text, _, _ = self._active_row(fact_id)
+            if self._is_open(fact_id):
+                raise ValueError(f"fact {fact_id} is not closed: it is true now already")
+            return self._reopen(profile_id, fact_id, text, cause)
+
+    def read_slots(self, profile_id: int, limit: int = 200) -> tuple[int, list[str]]:
+        """:meth:`close_replaced` for up to ``limit`` of the profile's facts not read yet,
+        oldest day first (so a chain of moves closes in order). Returns ``(facts read, the
+        KV keys dropped)``: the memory worker runs it after extraction, before encoding."""
+        ids = self.facts_slots_unread(profile_id, limit)
+        keys: list[str] = []
+        for fact_id in ids:
+            keys += self.close_replaced(fact_id)
+        return len(ids), keys
+
+    def facts_slots_unread(self, profile_id: int, limit: int = 200) -> list[int]:
+        """Active facts of the profile whose slots were never read (new ones, and those made
+        before validity existed), oldest day first: what :meth:`close_replaced` has to read."""
+        rows = self.db.execute(
+            "SELECT id FROM facts WHERE profile_id = ? AND status = 'active' AND slots_read = 0"
+            " ORDER BY COALESCE(refers_to, substr(created_at, 1, 10)), id LIMIT ?",
+            (profile_id, limit),
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    def facts_valid_in(self, profile_id: int, start: date, end: date) -> frozenset[int]:
+        """The profile's active facts that held in ``[start, end)``: dated inside it, or a
+        state (a fact with a slot) that began before its end and ended after its start."""
+        lo, hi = start.isoformat(), end.isoformat()
+        rows = self.db.execute(
+            "SELECT id FROM facts WHERE profile_id = ? AND status = 'active'"
+            " AND refers_to >= ? AND refers_to < ?"
+            " UNION SELECT f.id FROM facts f JOIN fact_slots s ON s.fact_id = f.id AND s.ends = 0"
+            " WHERE f.profile_id = ? AND f.status = 'active'"
+            " AND COALESCE(f.refers_to, substr(f.created_at, 1, 10)) < ?"
+            " AND (f.valid_until IS NULL OR f.valid_until > ?)",
+            (profile_id, lo, hi, profile_id, hi, lo),
+        ).fetchall()
+        return frozenset(r[0] for r in rows)
+
+    def open_successors(self, ids: Sequence[int]) -> dict[int, int]:
+        """``{closed fact id: the open fact that replaced it}``, following a chain of closes
+        (Lisbon -> Porto -> Berlin gives Lisbon -> Berlin) for those ``ids`` that are closed
+        by an active fact; an ending ("Rex died") counts as the successor too."""
+        found: dict[int, int] = {}
+        for start, by in self._ended_by(ids).items():
+            seen = {start, by}
+            while (later := self._ended_by([by]).get(by)) is not None and later not in seen:
+                seen.add(later)
+                by = later
+            found[start] = by
+        return found
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _ended_by(self, ids: Sequence[int]) -> dict[int, int]:
+        found: dict[int, int] = {}
+        for chunk, marks in id_chunks(ids):
+            rows = self.db.execute(
+                f"SELECT f.id, f.ended_by FROM facts f JOIN facts b ON b.id = f.ended_by"
+                f" WHERE f.id IN ({marks}) AND b.status = 'active'",
+                chunk,
+            ).fetchall()
+            found.update(rows)
+        return found
+
+    def _open_in_slot(
+        self, profile_id: int, slot: Slot, fact_id: int
+    ) -> list[tuple[int, str, str]]:
+        """``[(fact id, the day it begins, its value)]``: the profile's open, active facts that
+        set ``slot``'s attribute for its holder (any attribute for an ending of ANY)."""
+        holder, attribute = slot.key.split("|", 1)
+        match = "s.key LIKE ? ESCAPE '\\'" if attribute == ANY else "s.key = ?"
+        key = holder.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "|%"
+        return self.db.execute(
+            "SELECT f.id, COALESCE(f.refers_to, substr(f.created_at, 1, 10)), s.value"
+            " FROM fact_slots s JOIN facts f ON f.id = s.fact_id"
+            f" WHERE s.profile_id = ? AND {match} AND s.ends = 0 AND f.id <> ?"
+            " AND f.status = 'active' AND f.valid_until IS NULL ORDER BY f.id",
+            (profile_id, key if attribute == ANY else slot.key, fact_id),
+        ).fetchall()
+
+    def _is_open(self, fact_id: int) -> bool:
+        return self._one("SELECT valid_until IS NULL FROM facts WHERE id = ?", (fact_id,)) == 1
+
+    def _close(
+        self,
+        profile_id: int,
+        fact_id: int,
+        by: int,
+        until: str,
+        slot: Slot,
+        cause: str | None,
+    ) -> list[str]:
+        """Close one fact (inside the transaction): its end, the audit row, its KV rows."""
+        now = utc_now()
+        self.db.execute(
+            "UPDATE facts SET valid_until = ?, ended_by = ?, updated_at = ? WHERE id = ?",
+            (until, by, now, fact_id),
+        )
+        text = self._one("SELECT text FROM facts WHERE id = ?", (fact_id,))
+        newer = self._one("SELECT text FROM facts WHERE id = ?", (by,))
+        what = slot.attribute if slot.attribute != ANY else "it"
+        why = cause or f"replaced by fact {by} ({what}: {slot.value}), true until {until}"
+        self._audit(profile_id, fact_id, "close", why, text, newer, now)
+        return self._drop_kv(fact_id)
+
+    def _reopen(self, profile_id: int, fact_id: int, text: str, cause: str) -> list[str]:
+        now = utc_now()
+        self.db.execute(
+            "UPDATE facts SET valid_until = NULL, ended_by = NULL, updated_at = ? WHERE id = ?",
+            (now, fact_id),
+        )
+        self._audit(profile_id, fact_id, "reopen", cause, None, text, now)
+        return self._drop_kv(fact_id)
+
+    def _reopen_ended_by(self, fact_id: int, cause: str) -> list[str]:
+        """Reopen the active facts ``fact_id`` closed (it is being forgotten)."""
+        keys: list[str] = []
+        rows = self.db.execute(
+            "SELECT id, profile_id, text FROM facts WHERE ended_by = ? AND status = 'active'",
+            (fact_id,),
+        ).fetchall()
+        for other, profile_id, text in rows:
+            keys += self._reopen(profile_id, other, text, cause)
+        return keys

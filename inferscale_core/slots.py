@@ -1,0 +1,269 @@
+# ruff: noqa: E501  (one pattern per line reads better than patterns cut across lines)
+"""What a fact says about a single-valued attribute of someone: its *slots*.
+
+A person lives in one place, has one employer, one salary, one partner at a time. When a new
+fact sets such an attribute to another value ("We finally moved to Porto" after "I live in
+Lisbon"), the older fact stopped being true that day: the fact log closes it
+(:meth:`FactLog.close_replaced`) and retrieval prefers the open one unless a question asks about
+the past. A fact can also end an attribute without a successor ("I don't work at Siemens any
+more", "Rex died in March").
+
+A slot is ``(holder, attribute, value)``:
+
+* ``holder``: who it is about. "self" for a first-person statement of the user ("I", "we",
+  "my"); a named speaker's own statements ("Caroline: I moved to...") are hers, case-folded.
+  Statements about third people make no slot (they are not told apart reliably by patterns).
+* ``attribute``: one of :data:`ATTRIBUTES`.
+* ``value``: the new value, case-folded, articles dropped, at most :data:`VALUE_WORDS` words
+  (two values are the same when one starts with the other: "porto" and "porto portugal").
+
+The decision is made by patterns, not by embedding similarity: a pattern says which attribute
+changed; similarity cannot tell "I live in Porto" from "My cousin lives in Porto". The patterns
+are checked on labelled pairs (tests/unit/test_slots.py) and their effect on retrieval by
+``bench updates`` (docs/BENCHMARKS.md, "What is true now").
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+SELF = "self"
+VALUE_WORDS = 3
+
+ATTRIBUTES = (
+    "residence",  # the city or place one lives in
+    "employer",  # who one works for
+    "role",  # what one works as
+    "salary",
+    "partner",
+    "dog",
+    "cat",
+    "diet",
+    "commute",
+    "car",
+    "phone",
+    "gym",
+    "manager",
+    "favourite",  # "favourite X" keeps X in the attribute: "favourite band"
+)
+
+# The value of a place, an employer or a name: a capitalized run ("Porto", "St John's",
+# "New York"); up to a stop, a comma, a conjunction or a time phrase.
+_NAME = r"(?P<v>(?-i:[A-Z0-9][\w'&.-]*)(?:\s+(?-i:[A-Z][\w'&.-]*|of|de|da|do))*)"
+# Any short phrase (a job title, a diet, a band): up to a stop or a clause boundary.
+_PHRASE = r"(?P<v>[\w'&$€£.,-]+(?:\s+(?!and\b|but\b|since\b|because\b|now\b|so\b|with\b)[\w'&$€£.-]+){0,4})"
+_NOW = r"(?:\s+(?:now|just|finally|recently|also|officially|actually))?"
+_I = r"(?:\bi|\bwe)"
+
+_PETS = {
+    "dog": "dog",
+    "puppy": "dog",
+    "beagle": "dog",
+    "labrador": "dog",
+    "lab": "dog",
+    "terrier": "dog",
+    "poodle": "dog",
+    "retriever": "dog",
+    "spaniel": "dog",
+    "collie": "dog",
+    "cat": "cat",
+    "kitten": "cat",
+}
+_PET = "(?P<a>" + "|".join(_PETS) + ")"
+_PARTNER = r"(?:girlfriend|boyfriend|partner|wife|husband|fianc[ée]e?)"
+_SINGLE = r"(?P<a>car|phone|gym|manager|boss)"
+
+# (attribute or None = the pattern's group "a", pattern) for the slots a fact sets.
+_SETS: tuple[tuple[str | None, re.Pattern[str]], ...] = tuple(
+    (attribute, re.compile(pattern, re.IGNORECASE))
+    for attribute, pattern in (
+        (
+            "residence",
+            rf"{_I}(?:'ve|\s+have)?{_NOW}\s+(?:moved|relocated)\s+(?:back\s+)?(?:to|into)\s+{_NAME}",
+        ),
+        (
+            "residence",
+            rf"{_I}{_NOW}\s+(?:live|(?:'m|\s+am|'re|\s+are)\s+(?:now\s+)?living)\s+in\s+{_NAME}",
+        ),
+        ("residence", rf"{_I}(?:'m|\s+am|'re|\s+are){_NOW}\s+based\s+in\s+{_NAME}"),
+        (
+            "residence",
+            rf"\b(?:my|our)\s+(?:new\s+)?(?:home|flat|apartment|house|place)\s+is\s+in\s+{_NAME}",
+        ),
+        (
+            "employer",
+            rf"\bi{_NOW}\s+(?:work|(?:'m|\s+am)\s+(?:now\s+)?working)\s+(?:as\s+an?\s+[\w\s-]+?\s+)?(?:at|for)\s+{_NAME}",
+        ),
+        (
+            "employer",
+            rf"\bi{_NOW}\s+(?:started|start|began|joined|begin)\s+(?:a\s+new\s+job\s+|my\s+new\s+job\s+|working\s+|work\s+)?(?:at|with|for)?\s*{_NAME}",
+        ),
+        ("employer", rf"\b(?:started|starting)\s+(?:work\s+|a\s+new\s+job\s+)?at\s+{_NAME}"),
+        ("residence", rf"^(?:just\s+|finally\s+)?moved\s+(?:back\s+)?to\s+{_NAME}"),
+        (
+            "employer",
+            rf"\bi\s+(?:got|accepted|took)\s+(?:a|an|the)\s+(?:new\s+)?(?:job|position|offer)\s+(?:as\s+an?\s+[\w\s-]+?\s+)?(?:at|with|from)\s+{_NAME}",
+        ),
+        ("employer", rf"\bi(?:'ve|\s+have)?\s+(?:was\s+|been\s+|got\s+)?hired\s+by\s+{_NAME}"),
+        ("employer", rf"\bmy\s+(?:new\s+)?(?:employer|company)\s+is\s+{_NAME}"),
+        (
+            "role",
+            rf"\bi{_NOW}\s+(?:work|(?:'m|\s+am)\s+(?:now\s+)?working)\s+as\s+(?:an?\s+)?{_PHRASE}",
+        ),
+        (
+            "role",
+            rf"\b(?:started|start|began|got\s+a\s+(?:new\s+)?job|hired)\b[^.]*?\bas\s+(?:an?\s+)?{_PHRASE}",
+        ),
+        (
+            "role",
+            rf"\bmy\s+(?:new\s+)?(?:job|role|position|title)\s+is\s+(?:now\s+)?(?:as\s+)?(?:an?\s+)?{_PHRASE}",
+        ),
+        (
+            "salary",
+            rf"\bi{_NOW}\s+(?:earn|make|get\s+paid)\s+(?:about\s+|around\s+)?(?P<v>[$€£]?\s?\d[\d.,]*\s*k?)",
+        ),
+        (
+            "salary",
+            r"\bmy\s+(?:new\s+)?(?:salary|pay|income|wage)\s+is\s+(?:now\s+)?(?:about\s+|around\s+)?(?P<v>[$€£]?\s?\d[\d.,]*\s*k?)",
+        ),
+        ("partner", rf"\bmy\s+(?:new\s+)?{_PARTNER}(?:'s\s+name)?(?:\s+is|,)?\s+{_NAME}"),
+        (
+            "partner",
+            rf"\bi(?:'m|\s+am){_NOW}\s+(?:dating|seeing|engaged\s+to|married\s+to|with)\s+{_NAME}",
+        ),
+        (
+            None,
+            rf"\bmy\s+(?:new\s+)?{_PET}(?:'s\s+name)?(?:\s+is(?:\s+called|\s+named)?|,)?\s+{_NAME}",
+        ),
+        (
+            None,
+            rf"{_I}\s+(?:just\s+)?(?:got|adopted|have|bought|rescued)\s+a\s+(?:new\s+)?(?:\w+\s+)?{_PET}\s+(?:called|named)\s+{_NAME}",
+        ),
+        (
+            "diet",
+            rf"\b(?:i(?:'m|\s+am)|we(?:'re|\s+are)){_NOW}\s+(?:fully\s+|a\s+)?(?P<v>vegan|vegetarian|pescatarian|keto|paleo)\b",
+        ),
+        (
+            "diet",
+            r"\b(?:i|we)\s+(?:went|turned|became|switched\s+to|go|am\s+going)\s+(?:fully\s+)?(?P<v>vegan|vegetarian|pescatarian|keto|paleo)\b",
+        ),
+        (
+            "commute",
+            rf"\bi{_NOW}\s+(?:commute|get|go)\s+to\s+(?:work|the\s+office)\s+(?P<v>by\s+\w+|on\s+(?:foot|the\s+\w+)|walking)",
+        ),
+        (
+            "commute",
+            rf"\bi{_NOW}\s+(?P<v>cycle|bike|walk|drive|take\s+the\s+\w+)\s+to\s+(?:work|the\s+office)",
+        ),
+        ("car", rf"\bi{_NOW}\s+drive\s+(?:a|an)\s+{_PHRASE}"),
+        (None, rf"\bmy\s+(?:new\s+)?{_SINGLE}\s+is\s+(?:now\s+)?(?:a|an|the)?\s*{_PHRASE}"),
+        (None, rf"\bmy\s+(?:new\s+)?favou?rite\s+(?P<a>\w+)\s+is\s+(?:now\s+)?{_PHRASE}"),
+        (
+            "gym",
+            rf"\bi{_NOW}\s+(?:joined|switched\s+to|go\s+to|train\s+at)\s+(?:a\s+new\s+gym,?\s+)?(?P<v>[\w\s]*gym[\w\s]*?|[A-Z]\w+\s+(?:Fitness|Gym))\b",
+        ),
+    )
+)
+
+# (attribute, pattern) for a fact that ends an attribute with no successor.
+_ENDS: tuple[tuple[str | None, re.Pattern[str]], ...] = tuple(
+    (attribute, re.compile(pattern, re.IGNORECASE))
+    for attribute, pattern in (
+        ("residence", rf"{_I}\s+(?:don't|do\s+not|no\s+longer)\s+live\s+in\s+{_NAME}"),
+        (
+            "residence",
+            rf"{_I}\s+(?:moved|have\s+moved|'ve\s+moved)\s+(?:away\s+)?(?:out\s+of|from)\s+{_NAME}",
+        ),
+        ("employer", rf"\bi\s+(?:don't|do\s+not|no\s+longer)\s+work\s+(?:at|for)\s+{_NAME}"),
+        (
+            "employer",
+            rf"\bi\s+(?:quit|left|was\s+laid\s+off\s+from|got\s+fired\s+from|resigned\s+from)\s+(?:my\s+job\s+at\s+)?{_NAME}",
+        ),
+        (
+            "partner",
+            rf"\b(?:i|we)\s+(?:broke\s+up|split\s+up|separated|divorced)\s+(?:with\s+)?{_NAME}",
+        ),
+        (None, rf"\b(?:my\s+)?(?:{_PET}\s+)?{_NAME}\s+(?:died|passed\s+away|was\s+put\s+down)"),
+    )
+)
+
+_ARTICLE = re.compile(r"^(?:the|a|an|my|our)\s+", re.IGNORECASE)
+_FILLER_WORD = re.compile(r"\b(?:last|this|next|on|in|at|yesterday|today|ago)\b.*$", re.IGNORECASE)
+_SPEAKER = re.compile(r"^(?P<name>[^:\n]{1,40}):\s+")
+_FIRST_PERSON = re.compile(
+    r"\b(?:i|i'm|i've|i'd|i'll|we|we're|we've|my|our)\b"
+    # a chat's subjectless first person: "Started at Siemens on Monday", "Just moved to Porto"
+    r"|^(?:just\s+|finally\s+)?(?:started|moved|joined|got|switched|went|adopted|quit|left)\b",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """``holder``'s ``attribute`` is ``value`` (or stops being it, when ``ends``)."""
+
+    holder: str
+    attribute: str
+    value: str
+    ends: bool = False
+
+    @property
+    def key(self) -> str:
+        """What the fact log indexes a slot by: ``holder|attribute``."""
+        return f"{self.holder}|{self.attribute}"
+
+    def same_value(self, other: str) -> bool:
+        """Whether ``other`` (a normalized value) names the same value: one starts the other,
+        word for word ("porto" and "porto portugal")."""
+        a, b = self.value.split(), other.split()
+        n = min(len(a), len(b))
+        return n > 0 and a[:n] == b[:n]
+
+
+def _value(raw: str) -> str:
+    """Case-folded, the article and a trailing time phrase dropped, at most VALUE_WORDS words."""
+    text = _FILLER_WORD.sub("", _ARTICLE.sub("", raw.strip(" .,;:!?'\""))).strip(" .,;:-")
+    return " ".join(text.casefold().replace(",", "").split()[:VALUE_WORDS])
+
+
+ANY = "*"
+"""The attribute of an ending that names only the value ("Rex died"): it ends the holder's
+open slot of any attribute with that value."""
+
+
+def _attribute(name: str | None, match: re.Match[str]) -> str:
+    if name is not None:
+        return name
+    if match.group("a") is None:
+        return ANY
+    found = match.group("a").casefold()
+    if found in _PETS:
+        return _PETS[found]
+    if found == "boss":
+        return "manager"
+    if found in {"car", "phone", "gym", "manager"}:
+        return found
+    return f"favourite {found}"
+
+
+def slots(text: str) -> list[Slot]:
+    """The slots a fact's text sets or ends (the first match per attribute). Only a
+    first-person statement sets one; an ending needs no "I" ("Rex died in March")."""
+    holder = SELF
+    if speaker := _SPEAKER.match(text):
+        holder = speaker.group("name").strip().casefold()
+        text = text[speaker.end() :]
+    first_person = _FIRST_PERSON.search(text) is not None
+    found: dict[tuple[str, bool], Slot] = {}
+    for ends, patterns in ((False, _SETS), (True, _ENDS)):
+        if not (ends or first_person):  # an ending names its value: "Rex died" is enough
+            continue
+        for name, pattern in patterns:
+            for match in pattern.finditer(text):
+                attribute = _attribute(name, match)
+                value = _value(match.group("v"))
+                if value and (attribute, ends) not in found:
+                    found[(attribute, ends)] = Slot(holder, attribute, value, ends)
+                    break
+    return list(found.values())

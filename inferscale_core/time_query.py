@@ -1,0 +1,160 @@
+"""The time a question asks about: an interval of days, and whether it looks at the past.
+
+"What did I do in September 2024?" names ``[2024-09-01, 2024-10-01)``; "last March", "in
+2023", "spring 2024", "last month", "last weekend", "on 12 March" name theirs against the
+day the question is asked (``today``). A month or season without a year is the latest one that
+has begun ("in September", asked in May 2025: September 2024). The retriever puts the facts
+that held in the interval first (:meth:`FactLog.facts_valid_in`).
+
+:func:`asks_about_past` says whether a question wants an earlier state of things: it names an
+interval that ended before today, or says "used to", "before", "previously", "my old ...",
+"did I live/work ...". Only then does the retriever rank a fact that stopped being true as it
+ranks the others; otherwise it prefers the fact that replaced it.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import date, timedelta
+
+Interval = tuple[date, date]  # [start, end): the end day is not in it
+
+_MONTH_NUMBERS = {
+    "jan": 1,
+    "feb": 2,
+    "mar": 3,
+    "apr": 4,
+    "may": 5,
+    "jun": 6,
+    "jul": 7,
+    "aug": 8,
+    "sep": 9,
+    "oct": 10,
+    "nov": 11,
+    "dec": 12,
+}
+_MONTH = (
+    r"(?P<month>jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?"
+    r"|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)"
+)
+_YEAR = r"(?P<year>(?:19|20)\d\d)"
+_SEASONS = {"spring": 3, "summer": 6, "autumn": 9, "fall": 9, "winter": 12}
+
+_DAY_MONTH = re.compile(
+    rf"\b(?:on\s+)?(?:(?P<day>\d{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?{_MONTH}"
+    rf"|{_MONTH.replace('month', 'month2')}\s+(?P<day2>\d{{1,2}})(?:st|nd|rd|th)?)\b"
+    rf"(?:,?\s+{_YEAR})?",
+    re.IGNORECASE,
+)
+_MONTH_YEAR = re.compile(
+    rf"\b(?:(?P<last>last|this)\s+)?{_MONTH}\b(?:\s+(?:of\s+)?{_YEAR})?", re.IGNORECASE
+)
+_MODAL = frozenset({"may", "mar", "march"})  # "may I", "to march": a month only as "May"
+_SEASON = re.compile(
+    rf"\b(?:(?P<last>last|this)\s+)?(?P<season>spring|summer|autumn|fall|winter)\b"
+    rf"(?:\s+(?:of\s+)?{_YEAR})?",
+    re.IGNORECASE,
+)
+# a year on its own: after a preposition, or ending the question ("2000 euros" is no year)
+_YEAR_ONLY = re.compile(
+    rf"\b(?:in|during|of|since|before|throughout|from)\s+{_YEAR}\b|\b(?P<y2>(?:19|20)\d\d)(?=\s*\?)",
+    re.IGNORECASE,
+)
+_RELATIVE = re.compile(
+    r"\b(?P<which>last|this|past|previous)\s+(?P<unit>week|weekend|month|year)\b"
+    r"|\b(?P<day>yesterday|today)\b",
+    re.IGNORECASE,
+)
+_PAST = re.compile(
+    r"\b(?:used\s+to|before|previously|formerly|back\s+then|at\s+the\s+time|originally"
+    r"|(?:my|our)\s+(?:old|previous|former|first|last)|ex-?(?:girlfriend|boyfriend|wife|husband)"
+    r"|did\s+(?:i|we)\s+(?:live|work|have|own|drive|earn|make|use|eat)"
+    r"|was\s+my|were\s+my|had\s+i)\b",
+    re.IGNORECASE,
+)
+
+
+def _month_number(name: str) -> int:
+    return _MONTH_NUMBERS[name[:3].casefold()]
+
+
+def _month(year: int, month: int) -> Interval:
+    start = date(year, month, 1)
+    end = date(year + (month == 12), month % 12 + 1, 1)
+    return start, end
+
+
+def _latest_begun(today: date, month: int) -> int:
+    """The year of the latest ``month`` that has begun by ``today``."""
+    return today.year if month <= today.month else today.year - 1
+
+
+def question_interval(question: str, today: date) -> Interval | None:
+    """The days the question names (the first time expression found), else None."""
+    if match := _DAY_MONTH.search(question):
+        day = int(match.group("day") or match.group("day2"))
+        month = _month_number(match.group("month") or match.group("month2"))
+        year = int(match.group("year")) if match.group("year") else None
+        if year is None:
+            year = today.year if (month, day) <= (today.month, today.day) else today.year - 1
+        try:
+            start = date(year, month, day)
+        except ValueError:
+            start = None
+        if start is not None:
+            return start, start + timedelta(days=1)
+    for match in _MONTH_YEAR.finditer(question):
+        name = match.group("month")
+        spoken = name[0].isupper() or match.group("year") or match.group("last")
+        asks_leave = re.match(r"may\s+(?:i|we|you)\b", question[match.start() :], re.IGNORECASE)
+        if name.casefold() in _MODAL and (not spoken or asks_leave):
+            continue
+        month = _month_number(name)
+        if match.group("year"):
+            return _month(int(match.group("year")), month)
+        year = _latest_begun(today, month)
+        if (match.group("last") or "").casefold() == "last" and (year, month) == (
+            today.year,
+            today.month,
+        ):
+            year -= 1  # "last May", asked in May: a year ago
+        return _month(year, month)
+    if match := _SEASON.search(question):
+        first = _SEASONS[match.group("season").casefold()]
+        year = int(match.group("year")) if match.group("year") else _latest_begun(today, first)
+        start = date(year, first, 1)
+        end = date(year + (first + 3 > 12), (first + 2) % 12 + 1, 1)
+        if (match.group("last") or "").casefold() == "last" and end > today:
+            start, end = start.replace(year=start.year - 1), end.replace(year=end.year - 1)
+        return start, end  # "last winter": the latest one that has ended
+    if match := _RELATIVE.search(question):
+        if match.group("day"):
+            day = today - timedelta(days=match.group("day").casefold() == "yesterday")
+            return day, day + timedelta(days=1)
+        which, unit = match.group("which").casefold(), match.group("unit").casefold()
+        back = which != "this"
+        if unit == "week":
+            monday = today - timedelta(days=today.weekday() + 7 * back)
+            return monday, monday + timedelta(days=7)
+        if unit == "weekend":
+            saturday = today - timedelta(days=today.weekday()) + timedelta(days=5 - 7 * back)
+            return saturday, saturday + timedelta(days=2)
+        if unit == "month":
+            first = today.replace(day=1)
+            if back:
+                first = (first - timedelta(days=1)).replace(day=1)
+            return _month(first.year, first.month)
+        year = today.year - back
+        return date(year, 1, 1), date(year + 1, 1, 1)
+    if match := _YEAR_ONLY.search(question):
+        year = int(match.group("year") or match.group("y2"))
+        return date(year, 1, 1), date(year + 1, 1, 1)
+    return None
+
+
+def asks_about_past(question: str, today: date) -> bool:
+    """Whether the question wants an earlier state (module docstring)."""
+    if _PAST.search(question):
+        return True
+    interval = question_interval(question, today)
+    return interval is not None and interval[1] <= today

@@ -1,0 +1,64 @@
+"""The time a question names, read against the day it is asked."""
+
+from __future__ import annotations
+
+from datetime import date
+
+import pytest
+
+from inferscale_core.time_query import asks_about_past, question_interval
+
+TODAY = date(2025, 12, 20)  # a Saturday
+
+
+@pytest.mark.parametrize(
+    ("question", "start", "end"),
+    [
+        ("What did I do in September 2024?", date(2024, 9, 1), date(2024, 10, 1)),
+        ("What happened last March?", date(2025, 3, 1), date(2025, 4, 1)),
+        ("What did I do in May?", date(2025, 5, 1), date(2025, 6, 1)),
+        ("Anything in december?", date(2025, 12, 1), date(2026, 1, 1)),
+        ("Where did I live in 2023?", date(2023, 1, 1), date(2024, 1, 1)),
+        ("What did I do in spring 2024?", date(2024, 3, 1), date(2024, 6, 1)),
+        ("Any trips last winter?", date(2024, 12, 1), date(2025, 3, 1)),
+        ("What did I do last weekend?", date(2025, 12, 13), date(2025, 12, 15)),
+        ("What did I do last week?", date(2025, 12, 8), date(2025, 12, 15)),
+        ("What did I do last month?", date(2025, 11, 1), date(2025, 12, 1)),
+        ("What happened last year?", date(2024, 1, 1), date(2025, 1, 1)),
+        ("What did I do yesterday?", date(2025, 12, 19), date(2025, 12, 20)),
+        ("What happened on 12 March?", date(2025, 3, 12), date(2025, 3, 13)),
+        ("What did I eat on March 3rd, 2024?", date(2024, 3, 3), date(2024, 3, 4)),
+    ],
+)
+def test_named_days(question, start, end):
+    assert question_interval(question, TODAY) == (start, end)
+
+
+@pytest.mark.parametrize(
+    "question",
+    ["Where do I live now?", "May I ask where I work?", "How much is 2000 euros?", "My job?"],
+)
+def test_no_time(question):
+    assert question_interval(question, TODAY) is None
+    assert not asks_about_past(question, TODAY)
+
+
+@pytest.mark.parametrize(
+    "question",
+    [
+        "Where did I live in 2023?",
+        "What was my old job?",
+        "What car did I drive before the Tesla?",
+        "Where did I work previously?",
+    ],
+)
+def test_the_past(question):
+    assert asks_about_past(question, TODAY)
+
+
+def test_this_month_is_not_the_past():
+    assert question_interval("What's planned this month?", TODAY) == (
+        date(2025, 12, 1),
+        date(2026, 1, 1),
+    )
+    assert not asks_about_past("What's planned this month?", TODAY)
