@@ -38,9 +38,7 @@ _DISCOURSE = (
     r"(?:(?:so|well|anyway|actually|like|yes|no|thanks|thank you)(?=\s*[,.!:;-])"
     r"|(?:so|well|anyway|actually)(?=\s+(?:I|we)\b))"
 )
-_FILLER_START = re.compile(
-    rf"^(?:(?:{_INTERJECTION}|{_DISCOURSE})[\s,.!:;-]*)+", re.IGNORECASE
-)
+_FILLER_START = re.compile(rf"^(?:(?:{_INTERJECTION}|{_DISCOURSE})[\s,.!:;-]*)+", re.IGNORECASE)
 _FILLER_END = re.compile(r"(?:[\s,]*(?:lol|haha+|hehe|:\)|:D|xD))+[\s.!]*$", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
@@ -83,6 +81,7 @@ def sentence_kind(sentence: str) -> str:
     if _REACTS.match(text) and not concrete:
         return "reacts"
     return "tells"
+
 
 _DAYS_AGO = re.compile(r"\b(\d{1,3}|a|one|two|three|four|five|six|seven)\s+days?\s+ago\b", re.I)
 _WEEKS_AGO = re.compile(r"\b(\d{1,2}|a|one|two|three)\s+weeks?\s+ago\b", re.I)
@@ -133,9 +132,28 @@ _WEEKEND = re.compile(r"\b(last|this|next)\s+weekend\b", re.IGNORECASE)
 _WEEKEND_SATURDAY = {"last": -2, "this": 5, "next": 12}  # days from this week's Monday
 # A plan looks forward: "I'll fly on 28 October" is this October's, "I flew on 28 October" too.
 _FUTURE = re.compile(
-    r"\b(?:will|shall|going\s+to|gonna|plan(?:s|ning)?\s+to|postponed|rescheduled|next)\b|'ll\b",
+    r"\b(?:will|shall|going\s+to|gonna|plan(?:s|ning)?\s+to|postponed|rescheduled|next"
+    r"|booked\s+for|scheduled\s+for|invited|is\s+booked|appointment|upcoming)\b|'ll\b",
     re.IGNORECASE,
 )
+
+
+_PAST_TENSE = re.compile(
+    r"\b(?:was|were|went|did|had|got|came|left|flew|ran|saw|met|spent|bought|took|made"
+    r"|began|won|lost|gave|found|sold|drove|wrote|\w{3,}ed)\b",
+    re.IGNORECASE,
+)
+_WEEKDAY_ONLY = re.compile(
+    rf"^(?!.*\b(?:{_MONTHS}))(?=.*\b(?:mon|tues|wednes|thurs|fri|satur|sun)day\b)", re.IGNORECASE
+)
+_YEARLESS_MONTH = re.compile(rf"^(?!.*\b(?:19|20)\d\d\b)(?=.*\b(?:{_MONTHS}))", re.IGNORECASE)
+
+
+def _next_year(day: date) -> date | None:
+    try:
+        return day.replace(year=day.year + 1)
+    except ValueError:  # 29 February
+        return None
 
 
 def _named_date(text: str, when: datetime) -> date | None:
@@ -157,7 +175,27 @@ def _named_date(text: str, when: datetime) -> date | None:
         "TIMEZONE": "UTC",
     }
     found = search_dates(_DAY_RANGE.sub(r"\1", text), languages=["en"], settings=settings)
-    return next((at.date() for span, at in found or () if _DATE_WORD.search(span)), None)
+    span, at = next(((s, a) for s, a in found or () if _DATE_WORD.search(s)), (None, None))
+    if span is None or at is None:
+        return None
+    named = at.date()
+    told_as_past = _PAST_TENSE.search(text) is not None
+    if (
+        settings["PREFER_DATES_FROM"] == "past"
+        and not told_as_past
+        and _YEARLESS_MONTH.search(span)
+    ):
+        # "the wedding is on 14 September", said in August: a date without its year, in a
+        # sentence that tells no past, is the nearer of its two occurrences (dateparser's
+        # "past" gives last year's); "I moved to Porto on 12 March" keeps the past one
+        later = _next_year(named)
+        if later is not None and later - day < day - named:
+            return later
+    if not told_as_past and _WEEKDAY_ONLY.search(span) and named < day:
+        later = named + timedelta(weeks=1)  # "the lesson is on Wednesday", said on Monday
+        if later - day < day - named:
+            return later
+    return named
 
 
 def resolve_date(text: str, when: datetime | None) -> date | None:

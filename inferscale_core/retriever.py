@@ -60,7 +60,7 @@ import torch
 from inferscale_core import retrieval_thread
 from inferscale_core.embedder import Embedder
 from inferscale_core.factlog import FactLog, InactiveFactError
-from inferscale_core.time_query import asks_about_past, question_interval
+from inferscale_core.time_query import asks_about_past, asks_about_present, question_interval
 from inferscale_core.types import Fact, Hit
 from inferscale_core.vector_index import VectorIndex, make_index
 
@@ -109,6 +109,14 @@ PEOPLE_WEIGHT = 2.0
 """The weight of the list of the named person's facts (when the question names one)."""
 CANDIDATES = 2
 """Each ranking is taken to ``CANDIDATES * k`` facts before fusion (4 scores the same)."""
+RECENCY_WEIGHT = 3.0
+"""The weight of the list of the fused candidates newest first (by the day a fact refers to),
+added for a question about the present (:func:`~inferscale_core.time_query.
+asks_about_present`): of two facts that both answer "What's my job?", the later one is more
+likely still true, whether or not the fact log knew to close the older."""
+RECENCY_FLOOR = 0.25
+"""Only candidates fused to at least this share of the best one's score are in the recency
+list: it orders the good answers, it does not pull in a new fact that answers nothing."""
 NOT_PEOPLE = frozenset({"user", "assistant", "system", "tool", "me", "you"})
 """Speakers that are roles, not people a question names (compared case-folded)."""
 
@@ -217,14 +225,15 @@ class Retriever:
         if k <= 0:
             return []
         later = frozenset() if as_of is None else self.log.facts_created_after(profile_id, as_of)
+        today = (now or as_of or datetime.now(UTC)).date()
         if mode == "keyword":
             found = self.log.keyword_search(profile_id, question, k + len(later))
             hits = self._hits(profile_id, _without(found, later, k), k)
         elif mode == "dense":
             hits = self._search(profile_id, question, k, later)
         else:
-            hits = self._hybrid(profile_id, question, k, later)
-        today = (now or as_of or datetime.now(UTC)).date()
+            present = RECENCY_WEIGHT > 0 and asks_about_present(question, today)
+            hits = self._hybrid(profile_id, question, k, later, present)
         hits = self._in_time(profile_id, question, hits, k, today, later)
         if order == "best_last":
             hits.reverse()
@@ -275,7 +284,12 @@ class Retriever:
         return not any(fid in index for fid in stale)
 
     def _hybrid(
-        self, profile_id: int, question: str, k: int, skip: frozenset[int] = frozenset()
+        self,
+        profile_id: int,
+        question: str,
+        k: int,
+        skip: frozenset[int] = frozenset(),
+        present: bool = False,
     ) -> list[Hit]:
         """Best first: the fusion of the module docstring (ties: the better dense rank, then
         the lower id), over rankings without the ids in ``skip``. Only the fused head is re-read
@@ -298,6 +312,8 @@ class Retriever:
         top = (1 + KEYWORD_WEIGHT) / (RRF_K + 1)  # the score of a fact first in every list
         if person is not None:
             top += PEOPLE_WEIGHT / (RRF_K + 1)
+        if present:
+            top += RECENCY_WEIGHT / (RRF_K + 1)
         while True:
             fused: dict[int, float] = {}
             for rank, (fid, _) in enumerate(dense, start=1):
@@ -315,6 +331,16 @@ class Retriever:
                 theirs = [fid for fid in ranked if (said[fid] or "").casefold() == person]
                 for rank, fid in enumerate(theirs, start=1):
                     fused[fid] += PEOPLE_WEIGHT / (RRF_K + rank)
+                ranked.sort(key=order)
+            if present:  # the good answers newest first: a later one is likelier true now
+                best = fused[ranked[0]] if ranked else 0.0
+                good = [fid for fid in ranked if fused[fid] >= RECENCY_FLOOR * best]
+                days = self.log.fact_days(good)
+                # ranked by day (one day, one rank): facts of one day are equally recent
+                order_of_day = {d: r for r, d in enumerate(sorted(set(days.values()))[::-1], 1)}
+                for fid in good:
+                    rank = order_of_day.get(days.get(fid, ""), len(order_of_day) + 1)
+                    fused[fid] += RECENCY_WEIGHT / (RRF_K + rank)
                 ranked.sort(key=order)
             facts, gone = self._first_active(profile_id, ranked, k)
             if not self._dropped(index, profile_id, [fid for fid in gone if fid in dense_rank]):

@@ -97,7 +97,7 @@ _SETS: tuple[tuple[str | None, re.Pattern[str]], ...] = tuple(
         ),
         (
             "employer",
-            rf"\bi{_NOW}\s+(?:started|start|began|joined|begin)\s+(?:a\s+new\s+job\s+|my\s+new\s+job\s+|working\s+|work\s+)?(?:at|with|for)?\s*{_NAME}",
+            rf"\bi{_NOW}\s+(?:started|start|began|begin)\s+(?:a\s+new\s+job\s+|my\s+new\s+job\s+|working\s+|work\s+)?(?:at|with|for)\s+{_NAME}",
         ),
         ("employer", rf"\b(?:started|starting)\s+(?:work\s+|a\s+new\s+job\s+)?at\s+{_NAME}"),
         ("residence", rf"^(?:just\s+|finally\s+)?moved\s+(?:back\s+)?to\s+{_NAME}"),

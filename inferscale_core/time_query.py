@@ -152,6 +152,29 @@ def question_interval(question: str, today: date) -> Interval | None:
     return None
 
 
+_PRESENT = re.compile(
+    r"\b(?:now|currently|these\s+days|at\s+the\s+moment|nowadays|still|any\s+more|anymore"
+    r"|do|does|am|is|are|have|has)\b|'s\b|'m\b|'re\b",
+    re.IGNORECASE,
+)
+# past tense, and the present perfect ("Which races have I done?")
+_PAST_TENSE = re.compile(
+    r"\b(?:did|was|were|had|used|ago|went|got|ever)\b|\bha(?:ve|s)\s+(?:i|we|you|he|she|they)\b",
+    re.IGNORECASE,
+)
+
+
+def asks_about_present(question: str, today: date) -> bool:
+    """Whether the question asks how things are now ("What's my job?", "Where do I live?",
+    "Am I still at Siemens?"): present tense, no past tense, no time named, not the past."""
+    return (
+        _PRESENT.search(question) is not None
+        and _PAST_TENSE.search(question) is None
+        and question_interval(question, today) is None
+        and not asks_about_past(question, today)
+    )
+
+
 def asks_about_past(question: str, today: date) -> bool:
     """Whether the question wants an earlier state (module docstring)."""
     if _PAST.search(question):

@@ -275,6 +275,19 @@ class FactsMixin(ValidityMixin, AuditMixin, KVIndexMixin, EmbeddingsMixin, Reply
             found.update(rows)
         return found
 
+    def fact_days(self, ids: Sequence[int]) -> dict[int, str]:
+        """``{fact id: the day it refers to, else the day it was made}`` (``YYYY-MM-DD``, so
+        the days sort as text) for those ``ids`` that exist."""
+        found: dict[int, str] = {}
+        for chunk, marks in id_chunks(ids):
+            rows = self.db.execute(
+                "SELECT id, COALESCE(refers_to, substr(created_at, 1, 10)) FROM facts"
+                f" WHERE id IN ({marks})",
+                chunk,
+            ).fetchall()
+            found.update(rows)
+        return found
+
     def facts_created_after(self, profile_id: int, when: datetime) -> frozenset[int]:
         """The ids of the profile's active facts created after ``when`` (aware; compared in
         UTC, as ``created_at`` is stored): what a search as of ``when`` leaves out."""
