@@ -5,8 +5,8 @@ PNG plot (``--plot``) and a dated row with the exact command in a Markdown run l
 e.g. ``docs/BENCHMARKS.md``). Benches keep their KV entries in ``<data dir>/bench-kv``, apart
 from the user's memories. The latency benches (ttft, throughput, tiers) run on the real model,
 or with ``--dummy-config`` on dummy weights of any shape (a config.json; random ids and KV).
-``bench retrieval``, ``bench recall`` and ``bench updates`` need no engine: MiniLM, the indexes
-and the fact log.
+``bench retrieval``, ``bench recall``, ``bench updates`` and ``bench fusion`` need no engine:
+MiniLM, the indexes and the fact log.
 """
 
 from __future__ import annotations
@@ -431,6 +431,33 @@ def _run_updates(args: argparse.Namespace, console: Console) -> int:
         )
     Console().print(updates.markdown(result), markup=False, highlight=False, soft_wrap=True)
     return _finish(result, args, console, updates)
+
+
+def _run_fusion(args: argparse.Namespace, console: Console) -> int:
+    from bench import fusion, life_set
+    from bench.locomo_data import load
+    from bench.report import command_line
+    from inferscale_core.embedder import SentenceTransformerEmbedder
+
+    data = _data(args)  # before MiniLM loads: a missing or unsplittable file fails at once
+    try:
+        grid = fusion.parse_grid(args.grid)
+        fusion.split(load(data), args.tune)
+        life = life_set.load(args.life or life_set.DEFAULT)
+    except (OSError, ValueError) as exc:
+        args.parser.error(str(exc))
+    with console.status("benchmarking…") as status:
+        result = fusion.run_fusion(
+            life,
+            SentenceTransformerEmbedder(),
+            data,
+            grid=grid,
+            tune_samples=args.tune,
+            command=command_line(),
+            on_progress=status.update,
+        )
+    Console().print(fusion.markdown(result), markup=False, highlight=False, soft_wrap=True)
+    return _finish(result, args, console, fusion)
 
 
 def _run_locomo(args: argparse.Namespace, console: Console) -> int:
@@ -943,6 +970,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     _files(upd)
     upd.set_defaults(func=_run_updates, parser=upd)
+
+    fus = bench_sub.add_parser(
+        "fusion",
+        help="the hybrid retriever's fusion constants chosen on a tuning split, held-out R@k",
+        description="Sweeps the retriever's fusion constants (RRF_K, KEYWORD_WEIGHT, CANDIDATES,"
+        " RECENCY_WEIGHT when it has one) over a grid on a tuning split (LoCoMo's first --tune"
+        " samples in file order + the life set), chooses the point with the best objective"
+        " (mean R@10 of the two, a penalty per category where hybrid trails dense by more"
+        " than 0.02; see bench/fusion.py), then reports LoCoMo's other samples (held out) with"
+        " today's constants, the chosen ones and dense. Restores the constants afterwards.",
+    )
+    fus.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="NAME=V,V",
+        help="replace one axis of the grid, e.g. --grid RRF_K=2,5 (repeatable; default"
+        " RRF_K=2,5,10,30 KEYWORD_WEIGHT=0.5,1,1.5,2,3 CANDIDATES=2,4 RECENCY_WEIGHT=0,1,2)",
+    )
+    fus.add_argument(
+        "--tune", type=int, default=5, help="LoCoMo's first N samples tune; the rest are held out"
+    )
+    fus.add_argument("--data", type=Path, help=data_help)
+    fus.add_argument(
+        "--life", type=Path, metavar="PATH", help="the life set (default: bench/data/life.json)"
+    )
+    _files(fus)
+    fus.set_defaults(func=_run_fusion, parser=fus)
 
     kvq = bench_sub.add_parser(
         "kvquant",
