@@ -53,6 +53,7 @@ Command (repository root; ~5 min on 2 cores with 40 points, most of it the grid'
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import tempfile
 import time
@@ -312,6 +313,7 @@ def run_fusion(
         "questions": {name: figs["questions"] for name, figs in sets.items()},
         "ceiling": {name: figs["ceiling"] for name, figs in sets.items()},
         "retriever": recall.settings() | _module_constants(),
+        "retriever_sha256": _source_hash(),
         "grid": {name: list(values) for name, values in grid.items() if name in base},
         "grid_skipped": sorted(set(grid) - set(base)),
         "objective_text": OBJECTIVE,
@@ -368,6 +370,12 @@ def _module_constants() -> dict[str, float]:
         for name, value in vars(retriever_module).items()
         if name.isupper() and isinstance(value, int | float) and not isinstance(value, bool)
     }
+
+
+def _source_hash() -> str:
+    """sha256 of the retriever's source as run: which retriever the figures are of, also when
+    the checkout has local changes (``git_commit`` then ends in ``+dirty``)."""
+    return hashlib.sha256(Path(retriever_module.__file__).read_bytes()).hexdigest()[:16]
 
 
 def _slim(figures: Figures) -> Figures:
