@@ -131,9 +131,7 @@ class ComposedPrompt:
         return {KV_PARAMS_KEY: ours}
 
 
-def fact_line(
-    text: str, when: date | datetime | None = None, until: date | None = None
-) -> str:
+def fact_line(text: str, when: date | datetime | None = None, until: date | None = None) -> str:
     """The text a fact occupies in the memory block: ``- 2023-05-08 text\\n``; a fact that
     stopped being true says until when: ``- 2023-05-08 text (until 2025-03)\\n``."""
     body = " ".join(text.split())

@@ -160,9 +160,7 @@ class AppConfig:
             try:
                 parse_size(self.kv_disk_budget)
             except ConfigError as exc:
-                raise ConfigError(
-                    f"kv_disk_budget must be auto, off or a size; {exc}"
-                ) from None
+                raise ConfigError(f"kv_disk_budget must be auto, off or a size; {exc}") from None
         days = self.kv_encode_recent_days
         if days != "all" and (isinstance(days, bool) or not isinstance(days, int) or days < 0):
             raise ConfigError(

@@ -109,7 +109,7 @@ PEOPLE_WEIGHT = 2.0
 """The weight of the list of the named person's facts (when the question names one)."""
 CANDIDATES = 2
 """Each ranking is taken to ``CANDIDATES * k`` facts before fusion (4 scores the same)."""
-RECENCY_WEIGHT = 3.0
+RECENCY_WEIGHT = 1.0
 """The weight of the list of the fused candidates newest first (by the day a fact refers to),
 added for a question about the present (:func:`~inferscale_core.time_query.
 asks_about_present`): of two facts that both answer "What's my job?", the later one is more
@@ -313,7 +313,7 @@ class Retriever:
         if person is not None:
             top += PEOPLE_WEIGHT / (RRF_K + 1)
         if present:
-            top += RECENCY_WEIGHT / (RRF_K + 1)
+            top *= 1 + RECENCY_WEIGHT
         while True:
             fused: dict[int, float] = {}
             for rank, (fid, _) in enumerate(dense, start=1):
@@ -332,15 +332,13 @@ class Retriever:
                 for rank, fid in enumerate(theirs, start=1):
                     fused[fid] += PEOPLE_WEIGHT / (RRF_K + rank)
                 ranked.sort(key=order)
-            if present:  # the good answers newest first: a later one is likelier true now
-                best = fused[ranked[0]] if ranked else 0.0
-                good = [fid for fid in ranked if fused[fid] >= RECENCY_FLOOR * best]
-                days = self.log.fact_days(good)
-                # ranked by day (one day, one rank): facts of one day are equally recent
-                order_of_day = {d: r for r, d in enumerate(sorted(set(days.values()))[::-1], 1)}
-                for fid in good:
-                    rank = order_of_day.get(days.get(fid, ""), len(order_of_day) + 1)
-                    fused[fid] += RECENCY_WEIGHT / (RRF_K + rank)
+            if present:  # later answers first: a later one is likelier true now
+                said = self.log.fact_said_days(ranked)
+                days = sorted(set(said.values()))  # oldest first; one day, one step
+                steps = max(1, len(days) - 1)
+                step = {d: i / steps for i, d in enumerate(days)}  # the newest day: 1.0
+                for fid in ranked:
+                    fused[fid] *= 1 + RECENCY_WEIGHT * step.get(said.get(fid, ""), 0.0)
                 ranked.sort(key=order)
             facts, gone = self._first_active(profile_id, ranked, k)
             if not self._dropped(index, profile_id, [fid for fid in gone if fid in dense_rank]):

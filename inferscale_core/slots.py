@@ -46,6 +46,10 @@ ATTRIBUTES = (
     "gym",
     "manager",
     "favourite",  # "favourite X" keeps X in the attribute: "favourite band"
+    "book",  # the one being read
+    "course",  # the class one is in ("the B1 course")
+    "instrument",  # the one being learnt
+    "rent",
 )
 
 # The value of a place, an employer or a name: a capitalized run ("Porto", "St John's",
@@ -73,6 +77,16 @@ _PETS = {
 _PET = "(?P<a>" + "|".join(_PETS) + ")"
 _PARTNER = r"(?:girlfriend|boyfriend|partner|wife|husband|fianc[ée]e?)"
 _SINGLE = r"(?P<a>car|phone|gym|manager|boss)"
+_ROLE_OF = r"(?P<a>girlfriend|boyfriend|partner|wife|husband|manager|boss)"
+_PHONES = r"(?:iphone|pixel|galaxy|oneplus|xiaomi|fairphone|nokia|motorola|huawei)"
+_CARS = (
+    r"(?:tesla|toyota|renault|volkswagen|vw|ford|bmw|audi|mercedes|fiat|peugeot|honda|nissan"
+    r"|kia|hyundai|skoda|seat|volvo|mazda|opel|citro[eë]n|dacia|mini|polestar)"
+)
+_INSTRUMENTS = (
+    r"(?:guitar|piano|violin|cello|drums|bass|ukulele|saxophone|sax|flute|trumpet|clarinet"
+    r"|harp|accordion|banjo|keyboard)"
+)
 
 # (attribute or None = the pattern's group "a", pattern) for the slots a fact sets.
 _SETS: tuple[tuple[str | None, re.Pattern[str]], ...] = tuple(
@@ -146,7 +160,7 @@ _SETS: tuple[tuple[str | None, re.Pattern[str]], ...] = tuple(
         ),
         (
             "diet",
-            r"\b(?:i|we)\s+(?:went|turned|became|switched\s+to|go|am\s+going)\s+(?:fully\s+)?(?P<v>vegan|vegetarian|pescatarian|keto|paleo)\b",
+            r"\b(?:i|we)(?:'ve|\s+have)?\s+(?:went|gone|turned|became|become|switched\s+to|go|am\s+going)\s+(?:fully\s+)?(?P<v>vegan|vegetarian|pescatarian|keto|paleo)\b",
         ),
         (
             "commute",
@@ -154,11 +168,58 @@ _SETS: tuple[tuple[str | None, re.Pattern[str]], ...] = tuple(
         ),
         (
             "commute",
-            rf"\bi{_NOW}\s+(?P<v>cycle|bike|walk|drive|take\s+the\s+\w+)\s+to\s+(?:work|the\s+office)",
+            rf"\bi{_NOW}\s+(?P<v>cycle|bike|walk|drive)\s+to\s+(?:work|the\s+office)",
+        ),
+        (
+            "commute",
+            rf"\bi{_NOW}\s+take\s+the\s+(?:[\w-]+\s+){{0,3}}?(?P<v>metro|bus|train|tram|subway|underground|tube|ferry)\s+to\s+(?:work|the\s+office)",
         ),
         ("car", rf"\bi{_NOW}\s+drive\s+(?:a|an)\s+{_PHRASE}"),
         (None, rf"\bmy\s+(?:new\s+)?{_SINGLE}\s+is\s+(?:now\s+)?(?:a|an|the)?\s*{_PHRASE}"),
         (None, rf"\bmy\s+(?:new\s+)?favou?rite\s+(?P<a>\w+)\s+is\s+(?:now\s+)?{_PHRASE}"),
+        # "Priya is my manager", "Lena is my girlfriend": the name first
+        (None, rf"^{_NAME}\s+is\s+(?:now\s+)?my\s+(?:new\s+)?{_ROLE_OF}\b"),
+        (
+            "partner",
+            rf"^{_NAME}\s+and\s+i\s+(?:are|got){_NOW}\s+(?:together|dating|a\s+couple|engaged|married)",
+        ),
+        (
+            "phone",
+            rf"{_I}(?:'ve)?\s+(?:just\s+)?(?:got|bought|switched\s+to|have)\s+(?:a|an|the|my)\s+(?:new\s+)?(?P<v>{_PHONES}(?:\s+[\w+]+)?)",
+        ),
+        (
+            "car",
+            rf"{_I}\s+(?:just\s+)?(?:bought|got|drive|leased)\s+(?:a|an|the|my)\s+(?:new\s+|used\s+)?(?P<v>{_CARS}(?:\s+[\w-]+)?)",
+        ),
+        (
+            "book",
+            rf"(?:\bi(?:'m|\s+am){_NOW}\s+|^)(?:currently\s+)?reading\s+(?!about\b|up\b|a\s+lot\b){_NAME}",
+        ),
+        ("book", rf"\bi{_NOW}\s+started\s+reading\s+{_NAME}"),
+        (
+            "course",
+            rf"\b(?:i(?:'m|\s+am)|we(?:'re|\s+are)){_NOW}\s+in\s+the\s+(?P<v>[A-Z]\d|[\w-]+)\s+(?:course|class)\b",
+        ),
+        (
+            "instrument",
+            rf"\bi(?:'m|\s+am){_NOW}\s+(?:learning|switching\s+from\s+\w+\s+to|taking\s+up)\s+(?:the\s+)?(?P<v>{_INSTRUMENTS})\b",
+        ),
+        (
+            "instrument",
+            rf"\b(?:trying\s+to\s+learn|learning|my\s+first)\s+(?:the\s+)?(?P<v>{_INSTRUMENTS})\b",
+        ),
+        (
+            "rent",
+            rf"\b(?:(?:my|our|the)\s+rent\s+is|(?:i|we)\s+pay){_NOW}\s+(?:about\s+)?(?P<v>[$€£]?\s?\d[\d.,]*)\s*(?:euros?\s+)?(?:a|per)\s+month",
+        ),
+        (
+            "salary",
+            rf"\bi{_NOW}\s+take\s+home\s+(?:about\s+|around\s+)?(?P<v>[$€£]?\s?\d[\d.,]*\s*k?)",
+        ),
+        (
+            "gym",
+            r"\b(?:got|bought|signed\s+up\s+for)\s+an?\s+(?P<v>[A-Z][\w-]*(?:\s+[A-Z][\w-]*)?)\s+membership",
+        ),
         (
             "gym",
             rf"\bi{_NOW}\s+(?:joined|switched\s+to|go\s+to|train\s+at)\s+(?:a\s+new\s+gym,?\s+)?(?P<v>[\w\s]*gym[\w\s]*?|[A-Z]\w+\s+(?:Fitness|Gym))\b",
@@ -185,6 +246,12 @@ _ENDS: tuple[tuple[str | None, re.Pattern[str]], ...] = tuple(
             rf"\b(?:i|we)\s+(?:broke\s+up|split\s+up|separated|divorced)\s+(?:with\s+)?{_NAME}",
         ),
         (None, rf"\b(?:my\s+)?(?:{_PET}\s+)?{_NAME}\s+(?:died|passed\s+away|was\s+put\s+down)"),
+        ("car", rf"\b(?:i\s+)?sold\s+(?:my|the|our)\s+(?:old\s+)?(?P<v>{_CARS}|car)\b"),
+        ("car", r"\bi(?:'m|\s+am)\s+(?:now\s+)?(?P<v>without)\s+a\s+car\b"),
+        (
+            "gym",
+            r"\b(?:i\s+)?cancell?ed\s+(?:my\s+)?(?P<v>[A-Z][\w-]*(?:\s+[A-Z][\w-]*)?)(?:\s+membership)?",
+        ),
     )
 )
 
@@ -194,7 +261,9 @@ _SPEAKER = re.compile(r"^(?P<name>[^:\n]{1,40}):\s+")
 _FIRST_PERSON = re.compile(
     r"\b(?:i|i'm|i've|i'd|i'll|we|we're|we've|my|our)\b"
     # a chat's subjectless first person: "Started at Siemens on Monday", "Just moved to Porto"
-    r"|^(?:just\s+|finally\s+)?(?:started|moved|joined|got|switched|went|adopted|quit|left)\b",
+    r"|^(?:just\s+|finally\s+)?(?:started|moved|joined|got|switched|went|adopted|quit|left|sold"
+    r"|reading|cancell?ed|bought|also|treated)\b"
+    r"|^\w+\s+is\s+(?:now\s+)?my\b|^\w+\s+and\s+i\b",
     re.IGNORECASE,
 )
 
@@ -216,6 +285,8 @@ class Slot:
     def same_value(self, other: str) -> bool:
         """Whether ``other`` (a normalized value) names the same value: one starts the other,
         word for word ("porto" and "porto portugal")."""
+        if ANY in (self.value, other):
+            return True
         a, b = self.value.split(), other.split()
         n = min(len(a), len(b))
         return n > 0 and a[:n] == b[:n]
@@ -228,8 +299,9 @@ def _value(raw: str) -> str:
 
 
 ANY = "*"
-"""The attribute of an ending that names only the value ("Rex died"): it ends the holder's
-open slot of any attribute with that value."""
+"""The attribute of an ending that names only the value ("Rex died": it ends the holder's open
+slot of any attribute with that value), or the value of one that names only the attribute
+("I sold my car": any value)."""
 
 
 def _attribute(name: str | None, match: re.Match[str]) -> str:
@@ -242,6 +314,8 @@ def _attribute(name: str | None, match: re.Match[str]) -> str:
         return _PETS[found]
     if found == "boss":
         return "manager"
+    if found in {"girlfriend", "boyfriend", "partner", "wife", "husband"}:
+        return "partner"
     if found in {"car", "phone", "gym", "manager"}:
         return found
     return f"favourite {found}"
@@ -263,6 +337,8 @@ def slots(text: str) -> list[Slot]:
             for match in pattern.finditer(text):
                 attribute = _attribute(name, match)
                 value = _value(match.group("v"))
+                if ends and value in {attribute, "without"}:  # "sold my car", "without a car"
+                    value = ANY
                 if value and (attribute, ends) not in found:
                     found[(attribute, ends)] = Slot(holder, attribute, value, ends)
                     break

@@ -68,7 +68,7 @@ _RELATIVE = re.compile(
 _PAST = re.compile(
     r"\b(?:used\s+to|before|previously|formerly|back\s+then|at\s+the\s+time|originally"
     r"|(?:my|our)\s+(?:old|previous|former|first|last)|ex-?(?:girlfriend|boyfriend|wife|husband)"
-    r"|did\s+(?:i|we)\s+(?:live|work|have|own|drive|earn|make|use|eat)"
+    r"|did|when\s+i\s+(?:lived|worked|was)|was\s+(?:i|we)|were\s+(?:we|you)"
     r"|was\s+my|were\s+my|had\s+i)\b",
     re.IGNORECASE,
 )

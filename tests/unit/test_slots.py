@@ -31,6 +31,18 @@ SETS = [
     ("My new phone is a Pixel 8.", "phone", "pixel 8"),
     ("My manager is Paulo.", "manager", "paulo"),
     ("My favourite band is Radiohead.", "favourite band", "radiohead"),
+    ("Priya is my manager, she's from Bangalore.", "manager", "priya"),
+    ("Lena and I are officially together now.", "partner", "lena"),
+    ("So I bought a Pixel 8 yesterday.", "phone", "pixel 8"),
+    ("And I bought the Tesla, a grey 2021 Model 3.", "car", "tesla"),
+    ("Reading Dune at the moment, slowly.", "book", "dune"),
+    ("I'm in the B1 course now.", "course", "b1"),
+    ("I'm switching from guitar to piano.", "instrument", "piano"),
+    ("We pay 780 a month for the flat.", "rent", "780"),
+    ("I take home 2,300 euros a month after tax.", "salary", "2300"),
+    ("I cancelled Fitness Hut and got a McFit membership.", "gym", "mcfit"),
+    ("I've gone fully vegan since 1 January.", "diet", "vegan"),
+    ("I take the green line metro to the office.", "commute", "metro"),
 ]
 NONE = [
     "My cousin lives in Porto.",  # someone else's
@@ -39,11 +51,17 @@ NONE = [
     "We went to the beach in Cascais.",
     "My sister is visiting next week.",
     "I lived in Lisbon for five years.",  # past: no state now
+    "I started The Three-Body Problem.",  # a book or a job? not told
+    "Reading about the history of Lisbon.",
+    "I'm learning a lot at the new job.",
 ]
 ENDS = [
     ("I don't work at Siemens anymore.", "employer", "siemens"),
     ("Rex died in March.", ANY, "rex"),
     ("We moved out of Lisbon.", "residence", "lisbon"),
+    ("Sold the Tesla on Saturday.", "car", "tesla"),
+    ("I'm without a car for the first time.", "car", ANY),
+    ("I cancelled Fitness Hut and got a McFit membership.", "gym", "fitness hut"),
 ]
 # (older, newer, whether the newer replaces the older)
 PAIRS = [
@@ -57,6 +75,13 @@ PAIRS = [
     ("My favourite band is Radiohead.", "My favourite film is Alien.", False),
     ("Caroline: I moved to Boston.", "Melanie: I moved to Denver.", False),  # two people
     ("I live in Lisbon.", "My cousin moved to Porto.", False),
+    ("Katrin is my manager.", "My new manager is Daniel Costa.", True),
+    ("My girlfriend Sofia loves Porto.", "Lena and I are officially together now.", True),
+    ("I'm in the A2 course.", "I'm in the B1 course now.", True),
+    ("Also trying to learn guitar.", "I'm switching from guitar to piano.", True),
+    ("I bought a Pixel 8.", "I got a Pixel 9 on Friday.", True),
+    ("I bought a Pixel 8.", "My Pixel 8 screen cracked.", False),
+    ("Reading Dune at the moment.", "I'm reading Klara and the Sun.", True),
 ]
 
 
