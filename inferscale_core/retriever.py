@@ -25,7 +25,10 @@ question that does not ask about the past (:func:`~inferscale_core.time_query.as
 gets the fact that replaced it in its place, and the old one after every fact still true. A
 question naming days (:func:`~inferscale_core.time_query.question_interval`) gets the facts that
 held then first: those among the fused hits in their order, then the others of the interval by
-cosine. Both reorder the ``k`` hits the ranking gives (plus successors and the interval's facts
+cosine. A hybrid search for a question about the present also favours what was said later
+(``RECENCY_WEIGHT``): most changes are never said as plainly as a pattern needs ("First week at
+Zalando done"), so the log cannot close the old fact; the later of two good answers is the
+likelier true one. The time steps reorder the ``k`` hits the ranking gives (plus successors and the interval's facts
 read from the log), so a question without a time word or a closed fact costs nothing more.
 
 Each profile has its own vector index, so a search can only ever see that profile's facts. An
@@ -110,13 +113,11 @@ PEOPLE_WEIGHT = 2.0
 CANDIDATES = 2
 """Each ranking is taken to ``CANDIDATES * k`` facts before fusion (4 scores the same)."""
 RECENCY_WEIGHT = 1.0
-"""The weight of the list of the fused candidates newest first (by the day a fact refers to),
-added for a question about the present (:func:`~inferscale_core.time_query.
-asks_about_present`): of two facts that both answer "What's my job?", the later one is more
-likely still true, whether or not the fact log knew to close the older."""
-RECENCY_FLOOR = 0.25
-"""Only candidates fused to at least this share of the best one's score are in the recency
-list: it orders the good answers, it does not pull in a new fact that answers nothing."""
+"""For a question about the present (:func:`~inferscale_core.time_query.asks_about_present`),
+each fused candidate's score is multiplied by ``1 + RECENCY_WEIGHT * d``, ``d`` the place of
+the day it was said among the candidates' days (the newest 1.0, the oldest 0.0): of two facts
+that both answer "What's my job?", the later one is likelier still true, whether or not the
+fact log knew to close the older; a new fact that answers nothing stays low."""
 NOT_PEOPLE = frozenset({"user", "assistant", "system", "tool", "me", "you"})
 """Speakers that are roles, not people a question names (compared case-folded)."""
 
