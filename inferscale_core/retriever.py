@@ -28,8 +28,9 @@ held then first: those among the fused hits in their order, then the others of t
 cosine. A hybrid search for a question about the present also favours what was said later
 (``RECENCY_WEIGHT``): most changes are never said as plainly as a pattern needs ("First week at
 Zalando done"), so the log cannot close the old fact; the later of two good answers is the
-likelier true one. The time steps reorder the ``k`` hits the ranking gives (plus successors and the interval's facts
-read from the log), so a question without a time word or a closed fact costs nothing more.
+likelier true one. The time steps reorder the hits the ranking gives (``INTERVAL_READ * k`` of
+them for a question naming days; successors and the interval's facts read from the log), so a
+question without a time word or a closed fact costs nothing more.
 
 Each profile has its own vector index, so a search can only ever see that profile's facts. An
 index is built on the profile's first use from the embeddings stored in the fact log
@@ -112,6 +113,9 @@ PEOPLE_WEIGHT = 2.0
 """The weight of the list of the named person's facts (when the question names one)."""
 CANDIDATES = 2
 """Each ranking is taken to ``CANDIDATES * k`` facts before fusion (4 scores the same)."""
+INTERVAL_READ = 4
+"""A question naming days (:func:`~inferscale_core.time_query.question_interval`) takes this
+many times ``k`` hits from the ranking before the interval's facts are put first."""
 RECENCY_WEIGHT = 1.0
 """For a question about the present (:func:`~inferscale_core.time_query.asks_about_present`),
 each fused candidate's score is multiplied by ``1 + RECENCY_WEIGHT * d``, ``d`` the place of
@@ -227,15 +231,19 @@ class Retriever:
             return []
         later = frozenset() if as_of is None else self.log.facts_created_after(profile_id, as_of)
         today = (now or as_of or datetime.now(UTC)).date()
+        interval = question_interval(question, today)
+        # a question naming days reads INTERVAL_READ times deeper: the interval's facts
+        # among them go first, in the ranking's order
+        n = k * INTERVAL_READ if interval is not None else k
         if mode == "keyword":
-            found = self.log.keyword_search(profile_id, question, k + len(later))
-            hits = self._hits(profile_id, _without(found, later, k), k)
+            found = self.log.keyword_search(profile_id, question, n + len(later))
+            hits = self._hits(profile_id, _without(found, later, n), n)
         elif mode == "dense":
-            hits = self._search(profile_id, question, k, later)
+            hits = self._search(profile_id, question, n, later)
         else:
             present = RECENCY_WEIGHT > 0 and asks_about_present(question, today)
-            hits = self._hybrid(profile_id, question, k, later, present)
-        hits = self._in_time(profile_id, question, hits, k, today, later)
+            hits = self._hybrid(profile_id, question, n, later, present)
+        hits = self._in_time(profile_id, question, hits, k, today, interval, later)
         if order == "best_last":
             hits.reverse()
         elif order == "chronological":
@@ -355,19 +363,19 @@ class Retriever:
         hits: list[Hit],
         k: int,
         today: date,
+        interval: tuple[date, date] | None,
         skip: frozenset[int],
     ) -> list[Hit]:
         """``hits`` (best first) reordered for time: the interval's facts first, then, unless
         the question looks at the past, each closed fact's open successor in its place and
-        the closed facts after the open ones. Ranks renumbered 1..k."""
-        interval = question_interval(question, today)
+        the closed facts after the open ones; cut to ``k``, ranks renumbered 1..k."""
         ranked = [(h.fact, h.score) for h in hits]
         if interval is not None:
             ranked = self._interval_first(profile_id, question, ranked, k, interval, skip)
         if not asks_about_past(question, today):
             ranked = self._current_first(profile_id, ranked, skip)
         if [f.id for f, _ in ranked[:k]] == [h.fact.id for h in hits]:
-            return hits
+            return hits  # (then len(hits) <= k)
         return [Hit(f, score, rank) for rank, (f, score) in enumerate(ranked[:k], start=1)]
 
     def _interval_first(

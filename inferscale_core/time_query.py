@@ -89,6 +89,11 @@ def _latest_begun(today: date, month: int) -> int:
     return today.year if month <= today.month else today.year - 1
 
 
+def _year_named(question: str) -> str | None:
+    match = _YEAR_ONLY.search(question)
+    return None if match is None else match.group("year") or match.group("y2")
+
+
 def question_interval(question: str, today: date) -> Interval | None:
     """The days the question names (the first time expression found), else None."""
     if match := _DAY_MONTH.search(question):
@@ -110,8 +115,8 @@ def question_interval(question: str, today: date) -> Interval | None:
         if name.casefold() in _MODAL and (not spoken or asks_leave):
             continue
         month = _month_number(name)
-        if match.group("year"):
-            return _month(int(match.group("year")), month)
+        if named := match.group("year") or _year_named(question):
+            return _month(int(named), month)
         year = _latest_begun(today, month)
         if (match.group("last") or "").casefold() == "last" and (year, month) == (
             today.year,
@@ -121,7 +126,8 @@ def question_interval(question: str, today: date) -> Interval | None:
         return _month(year, month)
     if match := _SEASON.search(question):
         first = _SEASONS[match.group("season").casefold()]
-        year = int(match.group("year")) if match.group("year") else _latest_begun(today, first)
+        named = match.group("year") or _year_named(question)  # "summer holiday in 2024"
+        year = int(named) if named else _latest_begun(today, first)
         start = date(year, first, 1)
         end = date(year + (first + 3 > 12), (first + 2) % 12 + 1, 1)
         if (match.group("last") or "").casefold() == "last" and end > today:
