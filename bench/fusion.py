@@ -31,10 +31,11 @@ The objective, fixed before any held-out figure was looked at (:func:`objective`
                   set where hybrid R@10 < dense R@10 - MARGIN (0.02)
 
 Ties go to the higher LoCoMo-tuning overall R@50, then to today's constants, then to the first
-point in grid order (:func:`choose`). A penalty of 0.1 per category is several times the spread
-of overall R@10 over a grid like this one, so a point that falls more than two points behind
-dense in some category wins only over points that fall behind in more. Without LoCoMo (the
-tests) the mean is the life set's R@10 alone and there is no R@50 tie-break.
+point in grid order (:func:`choose`). A penalty of 0.1 per category is about the whole spread
+of the mean over the default grid (0.77-0.86 in the first full run), so in practice a point that
+falls more than two points behind dense in some category wins only over points that fall
+behind in more. Without LoCoMo (the tests) the mean is the life set's R@10 alone and there is no
+R@50 tie-break.
 
 The grid (:data:`GRID`): ``RRF_K`` in {2, 5, 10, 30}, ``KEYWORD_WEIGHT`` in {0.5, 1, 1.5, 2, 3},
 ``CANDIDATES`` in {2, 4}, ``RECENCY_WEIGHT`` in {0, 1, 2} when the retriever has it (else that
@@ -45,7 +46,8 @@ Only after the choice are the held-out questions asked: with today's constants, 
 ones, and in dense mode. ``hybrid_minus_dense`` gives, for today's and the chosen constants, hybrid
 R@k minus dense R@k per category on every set.
 
-Command (repository root; ~5 min on 2 cores with 40 points, most of it the grid's searches)::
+Command (repository root; ~9 min on 2 cores with 120 points: building the memories ~50 s,
+then ~3.7 s a grid point)::
 
     inferscale-assistant bench fusion --json /tmp/fusion.json
 """
@@ -248,6 +250,12 @@ def run_fusion(
     """
     start = time.perf_counter()
     cached = CachedEmbedder(embedder)
+    # what runs, read now: the checkout may change while the grid is swept
+    ran = {
+        **provenance("fusion", cached.name, command),
+        "retriever": recall.settings() | _module_constants(),
+        "retriever_sha256": _source_hash(),
+    }
     base = today()
     swept = grid_points(grid, base)
     extra = base not in swept
@@ -302,7 +310,7 @@ def run_fusion(
                     held_out[label] = _slim(held(HYBRID))
     sets = {**dense, **({LOCOMO_HELD: held_out[DENSE]} if held_out else {})}
     return {
-        **provenance("fusion", cached.name, command),
+        **ran,
         "data": str(data) if data is not None else None,
         "life_data": str(life.path) if life.path else None,
         "split": {
@@ -312,8 +320,6 @@ def run_fusion(
         },
         "questions": {name: figs["questions"] for name, figs in sets.items()},
         "ceiling": {name: figs["ceiling"] for name, figs in sets.items()},
-        "retriever": recall.settings() | _module_constants(),
-        "retriever_sha256": _source_hash(),
         "grid": {name: list(values) for name, values in grid.items() if name in base},
         "grid_skipped": sorted(set(grid) - set(base)),
         "objective_text": OBJECTIVE,
