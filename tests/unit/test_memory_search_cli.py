@@ -155,3 +155,21 @@ def test_bad_input_exits_2_and_says_why(argv, says, capsys):
 
 def test_the_modes_are_the_retrievers():
     assert memory_cmd.SEARCH_MODES == MODES
+
+
+def test_a_replaced_fact_shows_until_when_it_held(home, capsys):
+    with FactLog.open(paths.memory_db()) as log:
+        pid = log.profile("default")
+        old, _ = log.add_fact(pid, "I live in Lisbon with my partner", "2022-04-02")
+        new, _ = log.add_fact(pid, "We moved to Porto with the kids", "2025-03-08")
+        while log.read_slots(pid)[0]:
+            pass
+    hits = _search(capsys, "Where do I live?", "--k", "3")
+    assert hits[0]["id"] == new and hits[0]["valid_until"] is None
+    lisbon = next(h for h in hits if h["id"] == old)
+    assert (lisbon["valid_until"], lisbon["ended_by"]) == ("2025-03-08", new)
+    then = _search(capsys, "Where did I live in 2023?", "--k", "3")
+    assert then[0]["id"] == old
+    code = cli.main(["memory", "search", "Where do I live?", "--k", "3"])
+    out = capsys.readouterr().out
+    assert code == 0 and f"true until 2025-03-08, replaced by #{new}" in out
