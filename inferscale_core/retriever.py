@@ -108,6 +108,8 @@ RRF_K = 5
 """Reciprocal-rank fusion's constant (Cormack et al. 2009 use 60): rank r in a list adds
 weight / (RRF_K + r). A small one trusts the head of each list: measured best on LoCoMo."""
 KEYWORD_WEIGHT = 2.0
+KEYWORD_WEIGHT_PLAIN = 0.5
+"""The BM25 list's weight when the question names nothing (no :func:`particulars`)."""
 """The BM25 list's weight in the fusion (the dense list's is 1)."""
 PEOPLE_WEIGHT = 2.0
 """The weight of the list of the named person's facts (when the question names one)."""
@@ -116,7 +118,11 @@ CANDIDATES = 2
 INTERVAL_READ = 4
 """A question naming days (:func:`~inferscale_core.time_query.question_interval`) takes this
 many times ``k`` hits from the ranking before the interval's facts are put first."""
-RECENCY_WEIGHT = 1.0
+RECENCY_FLOOR = 0.7
+"""Only dense candidates whose cosine with the question is at least this share of the best
+one's are weighed by their day: recency orders the good answers; a fact that answers little
+is not lifted (fused RRF scores are too flat to tell: rank 5 in both lists is 0.6 of rank 1)."""
+RECENCY_WEIGHT = 2.0
 """For a question about the present (:func:`~inferscale_core.time_query.asks_about_present`),
 each fused candidate's score is multiplied by ``1 + RECENCY_WEIGHT * d``, ``d`` the place of
 the day it was said among the candidates' days (the newest 1.0, the oldest 0.0): of two facts
@@ -318,7 +324,10 @@ class Retriever:
             self._read_speakers(said, [fid for fid, _ in keyword])
         query, dense = dense_side.result()  # [1, dim], [(fact id, cosine)] best first
         dense = _without(dense, skip, n)
-        top = (1 + KEYWORD_WEIGHT) / (RRF_K + 1)  # the score of a fact first in every list
+        # BM25 finds the names and numbers a question says; without any, its words are
+        # paraphrase-prone ("How much do I earn?" vs "My new salary is 4,100")
+        weight = KEYWORD_WEIGHT if particulars(question) else KEYWORD_WEIGHT_PLAIN
+        top = (1 + weight) / (RRF_K + 1)  # the score of a fact first in every list
         if person is not None:
             top += PEOPLE_WEIGHT / (RRF_K + 1)
         if present:
@@ -328,7 +337,7 @@ class Retriever:
             for rank, (fid, _) in enumerate(dense, start=1):
                 fused[fid] = 1 / (RRF_K + rank)
             for rank, (fid, _) in enumerate(keyword, start=1):
-                fused[fid] = fused.get(fid, 0.0) + KEYWORD_WEIGHT / (RRF_K + rank)
+                fused[fid] = fused.get(fid, 0.0) + weight / (RRF_K + rank)
             dense_rank = {fid: rank for rank, (fid, _) in enumerate(dense, start=1)}
 
             def order(fid: int) -> tuple[float, int, int]:
@@ -342,11 +351,14 @@ class Retriever:
                     fused[fid] += PEOPLE_WEIGHT / (RRF_K + rank)
                 ranked.sort(key=order)
             if present:  # later answers first: a later one is likelier true now
-                said = self.log.fact_said_days(ranked)
+                cosine = dict(dense)  # fact id -> cosine with the question
+                best = max(cosine.values(), default=0.0)
+                good = [fid for fid in ranked if cosine.get(fid, -1.0) >= RECENCY_FLOOR * best]
+                said = self.log.fact_said_days(good)
                 days = sorted(set(said.values()))  # oldest first; one day, one step
                 steps = max(1, len(days) - 1)
                 step = {d: i / steps for i, d in enumerate(days)}  # the newest day: 1.0
-                for fid in ranked:
+                for fid in good:
                     fused[fid] *= 1 + RECENCY_WEIGHT * step.get(said.get(fid, ""), 0.0)
                 ranked.sort(key=order)
             facts, gone = self._first_active(profile_id, ranked, k)

@@ -170,11 +170,16 @@ _PAST_TENSE = re.compile(
 )
 
 
+_OWN = re.compile(r"\b(?:i|i'm|my|me|mine|we|we're|our|ours|us)\b", re.IGNORECASE)
+
+
 def asks_about_present(question: str, today: date) -> bool:
-    """Whether the question asks how things are now ("What's my job?", "Where do I live?",
-    "Am I still at Siemens?"): present tense, no past tense, no time named, not the past."""
+    """Whether the question asks how things are now for the one asking ("What's my job?",
+    "Where do I live?", "Am I still at Siemens?", "Where does my sister live now?"): in the
+    first person, present tense, no past tense, no time named, not the past."""
     return (
-        _PRESENT.search(question) is not None
+        _OWN.search(question) is not None
+        and _PRESENT.search(question) is not None
         and _PAST_TENSE.search(question) is None
         and question_interval(question, today) is None
         and not asks_about_past(question, today)
