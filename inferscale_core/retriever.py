@@ -118,6 +118,9 @@ CANDIDATES = 2
 INTERVAL_READ = 4
 """A question naming days (:func:`~inferscale_core.time_query.question_interval`) takes this
 many times ``k`` hits from the ranking before the interval's facts are put first."""
+INTERVAL_SCAN = 2000
+"""When fewer than ``k`` of those hits held in the interval, at most this many of its other
+facts are ranked by cosine to fill up (a year of a busy memory is not read whole)."""
 RECENCY_FLOOR = 0.7
 """Only dense candidates whose cosine with the question is at least this share of the best
 one's are weighed by their day: recency orders the good answers; a fact that answers little
@@ -402,17 +405,14 @@ class Retriever:
         """The facts that held in ``interval`` (:meth:`FactLog.facts_valid_in`) first: those
         among the hits in their order, then the others by cosine with the question; then the
         rest of the hits."""
-        held = self.log.facts_valid_in(profile_id, *interval) - skip
-        if not held:
-            return ranked
+        held = self.log.facts_valid_in(profile_id, *interval, among=[f.id for f, _ in ranked])
         first = [(f, s) for f, s in ranked if f.id in held]
-        if len(first) < k:
-            seen = {f.id for f, _ in first}
-            rest = [fid for fid in held if fid not in seen]
-            for fid, cosine in self._dense_among(profile_id, question, rest)[: k - len(first)]:
-                fact = self._active_facts(profile_id, [fid]).get(fid)
-                if fact is not None:
-                    first.append((fact, cosine))
+        if len(first) < k:  # the interval's other facts (at most INTERVAL_SCAN), by cosine
+            more = self.log.facts_valid_in(profile_id, *interval, limit=INTERVAL_SCAN)
+            rest = [fid for fid in more if fid not in held and fid not in skip]
+            best = self._dense_among(profile_id, question, rest)[: k - len(first)]
+            found = self._active_facts(profile_id, [fid for fid, _ in best])
+            first += [(found[fid], cosine) for fid, cosine in best if fid in found]
         ids = {f.id for f, _ in first}
         return first + [(f, s) for f, s in ranked if f.id not in ids]
 

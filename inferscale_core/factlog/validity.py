@@ -96,20 +96,44 @@ class ValidityMixin(AuditMixin, KVIndexMixin):
         ).fetchall()
         return [r[0] for r in rows]
 
-    def facts_valid_in(self, profile_id: int, start: date, end: date) -> frozenset[int]:
-        """The profile's active facts that held in ``[start, end)``: dated inside it, or a
-        state (a fact with a slot) that began before its end and ended after its start."""
+    def facts_valid_in(
+        self,
+        profile_id: int,
+        start: date,
+        end: date,
+        among: Sequence[int] | None = None,
+        limit: int | None = None,
+    ) -> frozenset[int]:
+        """The profile's active facts that held in ``[start, end)``: dated inside it, said
+        inside it (its first source turn's day: "what did she show me on 13 October?" asks
+        about that day's conversation, whose facts may refer to the day before), or a closed
+        state (a replaced fact with a slot) that began before its end and ended after its
+        start. An open state is not counted: it holds in every interval since it began, and
+        would crowd out what happened then. Only those of ``among`` when given (a search's
+        hits); at most ``limit`` when given."""
         lo, hi = start.isoformat(), end.isoformat()
-        rows = self.db.execute(
-            "SELECT id FROM facts WHERE profile_id = ? AND status = 'active'"
-            " AND refers_to >= ? AND refers_to < ?"
+        sql = (
+            "SELECT f.id FROM facts f LEFT JOIN turns t"
+            " ON t.id = json_extract(f.source_turn_ids, '$[0]')"
+            " WHERE f.profile_id = ? AND f.status = 'active'"
+            " AND ((f.refers_to >= ? AND f.refers_to < ?)"
+            " OR (substr(t.timestamp, 1, 10) >= ? AND substr(t.timestamp, 1, 10) < ?)){among}"
             " UNION SELECT f.id FROM facts f JOIN fact_slots s ON s.fact_id = f.id AND s.ends = 0"
             " WHERE f.profile_id = ? AND f.status = 'active'"
             " AND COALESCE(f.refers_to, substr(f.created_at, 1, 10)) < ?"
-            " AND (f.valid_until IS NULL OR f.valid_until > ?)",
-            (profile_id, lo, hi, profile_id, hi, lo),
-        ).fetchall()
-        return frozenset(r[0] for r in rows)
+            " AND f.valid_until > ?{among_f}"
+        )
+        params: tuple = (profile_id, lo, hi, lo, hi, profile_id, hi, lo)
+        tail = "" if limit is None else f" LIMIT {int(limit)}"
+        if among is None:
+            rows = self.db.execute(sql.format(among="", among_f="") + tail, params).fetchall()
+            return frozenset(r[0] for r in rows)
+        found: set[int] = set()
+        for chunk, marks in id_chunks(among):
+            query = sql.format(among=f" AND f.id IN ({marks})", among_f=f" AND f.id IN ({marks})")
+            args = (*params[:5], *chunk, *params[5:], *chunk)
+            found.update(r[0] for r in self.db.execute(query + tail, args).fetchall())
+        return frozenset(found)
 
     def open_successors(self, ids: Sequence[int]) -> dict[int, int]:
         """``{closed fact id: the open fact that replaced it}``, following a chain of closes
