@@ -168,6 +168,8 @@ class Retriever:
         self._indexes: dict[int, VectorIndex] = {}  # profile id -> its index
         # profile id -> (the largest turn id read, {case-folded name: name as spoken})
         self._people: dict[int, tuple[int, dict[str, str]]] = {}
+        # the last question embedded and its vector [1, dim]: an interval's fill reuses it
+        self._last_query: tuple[str, torch.Tensor | None] = ("", None)
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -454,7 +456,9 @@ class Retriever:
         stored = [(fid, blob) for fid, blob in stored if len(blob) == 4 * dim]
         if not stored:
             return []
-        query = self.embedder.embed([question])  # [1, dim]
+        asked, query = self._last_query
+        if asked != question:  # a keyword-mode search embedded nothing
+            query = self.embedder.embed([question])  # [1, dim]
         vectors = _decode([blob for _, blob in stored], dim)  # [n, dim]
         cosine = (vectors @ query[0].to(vectors.dtype).cpu()).tolist()  # [n]
         return sorted(
@@ -475,6 +479,7 @@ class Retriever:
         """The question's vector ``[1, dim]`` and its ``n`` nearest ``[(fact id, cosine)]``
         (run on the retrieval thread)."""
         query = self.embedder.embed([question])  # [1, dim]
+        self._last_query = (question, query)  # read by _dense_among after .result()
         return query, index.search(query, n)[0]
 
     def _first_active(

@@ -488,6 +488,13 @@ def m015_validity(db: Database) -> None:
     db.execute("CREATE INDEX idx_audit_profile_fact ON audit (profile_id, fact_id)")
 
 
+@migrations()
+def m016_facts_by_day(db: Database) -> None:
+    # A question naming days reads the facts dated in them (validity.facts_valid_in) by this
+    # index instead of scanning the profile's facts (10k facts: ~10 ms a question).
+    db.execute("CREATE INDEX idx_facts_profile_refers ON facts (profile_id, refers_to)")
+
+
 def migrate(db: Database) -> None:
     """Apply every pending migration; a no-op when the schema is current.
 

@@ -110,7 +110,8 @@ class ValidityMixin(AuditMixin, KVIndexMixin):
         state (a replaced fact with a slot) that began before its end and ended after its
         start. An open state is not counted: it holds in every interval since it began, and
         would crowd out what happened then. Only those of ``among`` when given (a search's
-        hits); at most ``limit`` when given."""
+        hits); without ``among``, the day said is not read (every fact's first turn would be:
+        10 ms at 10k facts) and at most ``limit`` are returned."""
         lo, hi = start.isoformat(), end.isoformat()
         sql = (
             "SELECT f.id FROM facts f LEFT JOIN turns t"
@@ -125,8 +126,16 @@ class ValidityMixin(AuditMixin, KVIndexMixin):
         )
         params: tuple = (profile_id, lo, hi, lo, hi, profile_id, hi, lo)
         tail = "" if limit is None else f" LIMIT {int(limit)}"
-        if among is None:
-            rows = self.db.execute(sql.format(among="", among_f="") + tail, params).fetchall()
+        if among is None:  # by the indexes: the dated facts, the closed states (few)
+            rows = self.db.execute(
+                "SELECT id FROM facts WHERE profile_id = ? AND refers_to >= ? AND refers_to < ?"
+                " AND status = 'active'"
+                " UNION SELECT f.id FROM facts f JOIN fact_slots s ON s.fact_id = f.id"
+                " AND s.ends = 0 WHERE s.profile_id = ? AND f.status = 'active'"
+                " AND COALESCE(f.refers_to, substr(f.created_at, 1, 10)) < ?"
+                f" AND f.valid_until > ?{tail}",
+                (profile_id, lo, hi, profile_id, hi, lo),
+            ).fetchall()
             return frozenset(r[0] for r in rows)
         found: set[int] = set()
         for chunk, marks in id_chunks(among):

@@ -167,6 +167,7 @@ def test_migrations_create_the_schema_and_reapply_as_a_no_op():
         "m013_facts_fts_per_profile",
         "m014_kv_deferred",
         "m015_validity",
+        "m016_facts_by_day",
     ]
     assert db["kv_entries"].pks == ["fact_id", "model_fingerprint", "w", "encoder_version"]
     assert db["fact_embeddings"].pks == ["fact_id", "model"]
