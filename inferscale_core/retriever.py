@@ -17,7 +17,11 @@ the textbook RRF (RRF_K=60, equal weights, 4k candidates) 0.734 / 0.906, with RR
 keyword list weighted 2 0.814 / 0.929, plus the people list 0.825 / 0.934, with 2k candidates
 instead of 4k 0.828 / 0.933 (and fewer facts to read). RRF_K from 1 to 10 and a keyword weight
 from 1.5 to 3 all score within a point of that; the constants were chosen on the same questions
-(no held-out split), so read the plateau, not the third decimal.
+(no held-out split), so read the plateau, not the third decimal. Since issue 36 a question that
+names nothing (no :func:`particulars`) weighs the keyword list ``KEYWORD_WEIGHT_PLAIN`` (0.5):
+on paraphrases ("How much do I earn?") BM25 at 2 pulled hybrid below dense; ``bench fusion``
+re-chose all of them on a split (LoCoMo 0-4 and the life set; 5-9 held out) and found today's
+within its noise (docs/BENCHMARKS.md, "What is true now").
 
 What is true now: a fact that stopped being true (``Fact.valid_until``, closed by the fact log
 when a later fact replaced it: :mod:`inferscale_core.factlog.validity`) stays searchable, but a
