@@ -557,6 +557,7 @@ def _run_kv_quant(args: argparse.Namespace, console: Console) -> int:
             command=command_line(),
             on_progress=status.update,
             rope=check_architecture(runtime.model_dir).shared_rope,
+            retrieval=args.retrieval,
         )
     rows = [{"cell": name, **cell} for name, cell in result["cells"].items()]
     _table(
@@ -1013,6 +1014,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     kvq.add_argument("--max-tokens", type=int, default=16, help="answer length limit (16)")
     kvq.add_argument("--logprobs", type=int, default=20, help="top logprobs for the KL (20)")
     kvq.add_argument("--data", type=Path, help=data_help)
+    kvq.add_argument(
+        "--retrieval",
+        type=Path,
+        metavar="FILE",
+        help="inject the facts in FILE (bench locomo --export-retrieval) instead of retrieving",
+    )
     _outputs(kvq)
     kvq.set_defaults(func=_run_kv_quant, parser=kvq)
 

@@ -28,7 +28,7 @@ import torch
 from bench import locomo_data
 from bench.arguments import window_of
 from bench.locomo import Forcing
-from bench.report import provenance
+from bench.report import provenance, write_json
 from inferscale_core.kvstore import KVStore
 from inferscale_core.kvstore.quant import dequantize, quantize
 from inferscale_core.prompt_builder import PromptBuilder
@@ -53,19 +53,40 @@ def run_kv_quant(
     command: str | None = None,
     on_progress: Callable[[str], None] = lambda _: None,
     rope: RopeSpec | None = None,
+    retrieval: Path | str | None = None,
+    json_path: Path | None = None,
 ) -> dict[str, Any]:
     """Fidelity and size of each compressed scheme against the model's own KV (see module);
-    with the model's ``rope``, also :func:`key_rope_error` over the same entries."""
+    with the model's ``rope``, also :func:`key_rope_error` over the same entries.
+
+    ``retrieval``: a ``bench locomo --export-retrieval`` file whose hits are injected instead
+    of retrieving with MiniLM (a machine without it: ``bench/gpu_kvquant.py``). ``json_path``:
+    the result is written there after every cell too (``"unfinished": true`` until the end),
+    so a run cut short keeps what it measured."""
     chosen = locomo_data.sample_questions(
         locomo_data.questions(locomo_data.load(data)), sample, seed
     )
     window_w, window = window_of(w)
+    settings = {"sample": sample, "seed": seed, "ks": list(ks), "w": str(w)}
+    settings["schemes"] = list(schemes)
+    run: dict[str, Any] = {
+        **provenance("kvquant", model_name, command),
+        "settings": settings,
+        "questions": len(chosen),
+    }
+    if retrieval is not None:
+        run["hits_read_from"] = Path(retrieval).name
     written = store.store_dtype
     store.store_dtype = "model"
     try:
         with locomo_data.temporary_memory(data, chosen) as memory:
-            on_progress("retrieving…")
-            hits = locomo_data.retrieve(memory, locomo_data.default_embedder(), chosen, max(ks))
+            if retrieval is not None:
+                on_progress(f"reading the hits from {retrieval}")
+                hits = locomo_data.load_retrieval(Path(retrieval), memory, chosen, max(ks))
+            else:
+                on_progress("retrieving…")
+                embedder = locomo_data.default_embedder()
+                hits = locomo_data.retrieve(memory, embedder, chosen, max(ks))
             facts = {
                 q.id: [memory.memory_fact(h.fact, window_w, window) for h in hits[q.id]]
                 for q in chosen
@@ -88,9 +109,11 @@ def run_kv_quant(
                 time.sleep(0.05)
         originals = {key: _owned(store.get(key)) for key in keys}
         assert all(entry.quant is None for entry in originals.values())
+        on_progress(f"{len(keys)} entries for {len(chosen)} questions")
         key_errors = key_rope_error(list(originals.values()), rope, schemes) if rope else None
         cells: dict[str, dict[str, Any]] = {}
         sizes: dict[str, dict[str, float]] = {}
+        run.update(entries=len(keys), sizes=sizes, cells=cells, key_error=key_errors)
         baseline: dict[tuple[str, int], Any] = {}
         for scheme in ("model", *schemes):
             on_progress(f"{scheme}: writing {len(keys)} entries")
@@ -115,22 +138,31 @@ def run_kv_quant(
                 cells[f"{scheme}@k{k}"] = _compare(
                     engine, prompts, chosen, results, baseline, k, gen
                 )
+                on_progress(f"{scheme}@k{k}: {_cell_line(cells[f'{scheme}@k{k}'])}")
+                if json_path is not None:
+                    write_json({**_ratios(run), "unfinished": True}, json_path)
     finally:
         store.store_dtype = written
-    model_bytes = sizes["model"]["bytes_per_entry"]
-    for size in sizes.values():
+    run = _ratios(run)
+    if json_path is not None:
+        write_json(run, json_path)
+    return run
+
+
+def _ratios(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` with every measured scheme's size as a ratio to the model's."""
+    model_bytes = result["sizes"]["model"]["bytes_per_entry"]
+    for size in result["sizes"].values():
         size["smaller_than_model"] = round(model_bytes / size["bytes_per_entry"], 3)
-    settings = {"sample": sample, "seed": seed, "ks": list(ks), "w": str(w)}
-    settings["schemes"] = list(schemes)
-    return {
-        **provenance("kvquant", model_name, command),
-        "settings": settings,
-        "questions": len(chosen),
-        "entries": len(keys),
-        "sizes": sizes,
-        "cells": cells,
-        "key_error": key_errors,
-    }
+    return result
+
+
+def _cell_line(cell: dict[str, Any]) -> str:
+    kl, top1 = cell["kl_mean_per_token"], cell["top1_agree"]
+    return (
+        f"KL {kl if kl is None else f'{kl:.4f}'}, top-1 {top1 if top1 is None else f'{top1:.1%}'},"
+        f" same answer {cell['same_answer']:.0%}"
+    )
 
 
 def key_rope_error(
