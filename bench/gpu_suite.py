@@ -18,7 +18,9 @@ meaning), and measures in that one engine and run:
 
 ``SUITE_PARTS`` picks parts (see :func:`chosen_parts`; ``anatomy`` is :mod:`.step_anatomy`).
 ``SUITE_CUDAGRAPH_MODE`` (e.g. ``FULL``) sets vLLM's ``compilation_config.cudagraph_mode``;
-``SUITE_BLOCK_SIZE`` (e.g. ``64``) the KV-cache block size.
+``SUITE_BLOCK_SIZE`` (e.g. ``64``) the KV-cache block size; ``SUITE_KV_CACHE_DTYPE=fp8`` runs
+vLLM's fp8 KV cache (entries then fp8, as that cache holds them); ``SUITE_STORE_DTYPE`` how
+the entries are stored (model | fp8 | int4).
 
 Results go to ``OUT_DIR/gpu_suite.json``. Exactness on the GPU is checked separately on a tiny
 random Llama (``tests/tiny_llama_check.py --dtype bfloat16``).
@@ -46,6 +48,7 @@ from inferscale_core.composer import ComposedPrompt, entry_key
 from inferscale_core.fingerprint import model_fingerprint
 from inferscale_core.kvstore import KVStore
 from inferscale_core.types import FactKV
+from inferscale_core.vllm_plugin.fp8_cache import fp8_format
 
 LLAMA_31_8B = SHAPES["llama-3.1-8b"]  # the shape of the kit's baseline
 FACT_TOKENS, QUESTION_TOKENS, PREFIX_TOKENS = 55, 64, 32
@@ -63,10 +66,16 @@ def _ids(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(1000, 120000) for _ in range(n)]
 
 
-def _entry(key: str, ids: list[int], fingerprint: str, gen: torch.Generator) -> FactKV:
+def _entry(
+    key: str,
+    ids: list[int],
+    fingerprint: str,
+    gen: torch.Generator,
+    dtype: torch.dtype = torch.bfloat16,  # what the engine's cache holds (fp8: its fp8 format)
+) -> FactKV:
     shape = (LLAMA_31_8B["num_hidden_layers"], len(ids), 8, 128)  # [layers, tokens, heads, dim]
-    k = torch.randn(shape, generator=gen).to(torch.bfloat16)
-    v = torch.randn(shape, generator=gen).to(torch.bfloat16)
+    k = torch.randn(shape, generator=gen).to(dtype)
+    v = torch.randn(shape, generator=gen).to(dtype)
     return FactKV(key, ids, k, v, fingerprint)
 
 
@@ -75,7 +84,11 @@ class Suite:
         self.out = out
         self.rng = random.Random(0)
         model = write_dummy_model(Path("/tmp/inferscale-llama8b"))
-        self.fingerprint = model_fingerprint(model)
+        # SUITE_KV_CACHE_DTYPE: vLLM's KV cache (auto: bf16 | fp8); an fp8 engine's entries are
+        # fp8 values as its cache holds them, in a store of their own (model_fingerprint)
+        self.kv_cache_dtype = os.environ.get("SUITE_KV_CACHE_DTYPE", "auto")
+        entry_dtype = fp8_format(self.kv_cache_dtype) or torch.bfloat16
+        self.fingerprint = model_fingerprint(model, self.kv_cache_dtype)
         store_root = Path("/tmp/inferscale-gpu-kv") / self.fingerprint
         gpu_bytes = int(gpu_pool_gib * (1 << 30))
         # SUITE_STORE_DTYPE: how the pool's entries are stored (model | fp8 | int4; the
@@ -91,13 +104,13 @@ class Suite:
         gen = torch.Generator().manual_seed(0)
         self.prefix_ids = _ids(self.rng, PREFIX_TOKENS)
         self.prefix_key = entry_key("prefix", self.fingerprint, tuple(self.prefix_ids))
-        self.store.put(_entry(self.prefix_key, self.prefix_ids, self.fingerprint, gen))
+        self.store.put(_entry(self.prefix_key, self.prefix_ids, self.fingerprint, gen, entry_dtype))
         self.pool: list[tuple[str, list[int]]] = []
         t0 = time.perf_counter()
         for i in range(pool_size):
             ids = _ids(self.rng, FACT_TOKENS)
             key = entry_key("fact", self.fingerprint, i, tuple(ids))
-            self.store.put(_entry(key, ids, self.fingerprint, gen))
+            self.store.put(_entry(key, ids, self.fingerprint, gen, entry_dtype))
             self.pool.append((key, ids))
         self.store_fill_s = time.perf_counter() - t0
         extra: dict[str, Any] = {"load_format": "dummy", "skip_tokenizer_init": True}
@@ -116,6 +129,7 @@ class Suite:
             model,
             self.store,
             dtype="bfloat16",
+            kv_cache_dtype=self.kv_cache_dtype,
             max_model_len=8192,
             gpu_memory_utilization=0.5,
             extra=extra,
@@ -695,6 +709,7 @@ def main(out: Path) -> None:
     result.update(store_fill_s=suite.store_fill_s, engine_start_s=suite.engine_start_s)
     result["cudagraph_mode"] = suite.cudagraph_mode or "default (FULL_AND_PIECEWISE)"
     result["store_dtype"] = suite.store_dtype
+    result["kv_cache_dtype"] = suite.kv_cache_dtype
     result["block_size"] = suite.engine.block_size
     result["prefix_caching_hash_algo"] = suite.hash_algo or "default (sha256)"
     # vLLM 0.26 picks its V2 model runner for this model unless VLLM_USE_V2_MODEL_RUNNER=0.

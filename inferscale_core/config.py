@@ -23,8 +23,10 @@ Example file::
     max_tokens = 512    # reply length limit, in tokens
     history_tokens = 1024  # recent turns kept in the prompt, in tokens
     recompute = 4       # the best hits prefilled with the question, not injected
-    kv_store_dtype = "auto"  # auto | model | fp8 | int4: how memories' KV is kept (auto: int4
-                             # on the CPU engine, model on CUDA)
+    kv_store_dtype = "auto"  # auto | model | fp8 | int4: how memories' KV is kept (auto: int4;
+                             # model with kv_cache_dtype = "fp8")
+    kv_cache_dtype = "auto"  # auto | fp8: the engine's KV cache (fp8: half of bf16, for more
+                             # users and longer prompts; a GPU, or a CPU with AVX-512 or AMX)
     kv_disk_budget = "auto"  # auto | off | a size ("20 GB", "1.5GiB", bytes): the most the KV
                              # store keeps; the least recently injected KV is dropped past it
                              # (auto: 25% of the free disk plus what the store holds, at start)
@@ -45,6 +47,7 @@ from inferscale_core.generation import GREEDY
 
 EXTRACTORS = ("auto", "deterministic", "llm")
 KV_STORE_DTYPES = ("auto", "model", "fp8", "int4")  # kvstore.quant.SCHEMES and "auto"
+KV_CACHE_DTYPES = ("auto", "fp8")  # vLLM's kv_cache_dtype: the model's dtype, or fp8 e4m3
 # What "auto" stores, per engine (docs/BENCHMARKS.md, "Compressed memory"). CPU: int4 is 6.7x
 # smaller than fp32 at 0.004 nats of KL and injects no slower (cold 2.5x faster). CUDA (H200,
 # 8B shape): 3.5x smaller than bf16, 100 users at k=50 at 0.96x bf16's rate, k=50 from the pool
@@ -108,6 +111,11 @@ class AppConfig:
     # the model's dtype (exact), "fp8" is ~4x smaller than fp32 / 2x than bf16, "int4" ~7x /
     # 3.5x. "auto": int4 on both engines today (AUTO_STORE_DTYPE).
     kv_store_dtype: str = "auto"
+    # vLLM's KV cache: "auto" holds K and V in the model's dtype, "fp8" in fp8 e4m3 (vLLM's own
+    # kv_cache_dtype; the engine's cache holds twice the tokens of bf16). Entries are then kept
+    # as that cache holds them, so kv_store_dtype "auto" means "model" there (already 1 byte
+    # an element, and exact: an entry at its own position is the engine's own bytes).
+    kv_cache_dtype: str = "auto"
     # The most the KV store keeps on disk (per model): past it the memory worker drops the KV of
     # the least recently injected facts (the facts stay; they go in as text and are encoded
     # again when retrieved). "auto": AUTO_DISK_SHARE of the free disk plus what the store
@@ -156,6 +164,11 @@ class AppConfig:
                 f"kv_store_dtype must be one of {', '.join(KV_STORE_DTYPES)};"
                 f" got {self.kv_store_dtype!r}"
             )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)};"
+                f" got {self.kv_cache_dtype!r}"
+            )
         if self.kv_disk_budget not in ("auto", "off"):
             try:
                 parse_size(self.kv_disk_budget)
@@ -192,9 +205,11 @@ class AppConfig:
     @property
     def store_dtype(self) -> str:
         """``kv_store_dtype`` with "auto" resolved for the engine of this machine (CUDA when
-        torch sees a GPU)."""
+        torch sees a GPU; with an fp8 cache, "model": see ``kv_cache_dtype``)."""
         if self.kv_store_dtype != "auto":
             return self.kv_store_dtype
+        if self.kv_cache_dtype == "fp8":
+            return "model"
         import torch
 
         return AUTO_STORE_DTYPE["cuda" if torch.cuda.is_available() else "cpu"]

@@ -22,3 +22,12 @@ def avx512_vnni() -> bool:
     return torch.backends.cpu.get_cpu_capability() == "AVX512" and bool(
         getattr(torch.cpu, "_is_vnni_supported", lambda: False)()
     )
+
+
+def fp8_kv_cache() -> bool:
+    """What vLLM's CPU attention needs for an fp8 KV cache: AVX-512 or AMX (vLLM 0.32
+    ``cpu_attn._get_attn_isa``)."""
+    return bool(
+        getattr(torch.cpu, "_is_avx512_supported", lambda: False)()
+        or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+    )

@@ -15,8 +15,10 @@ from pathlib import Path
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 
 
-def model_fingerprint(model_dir: Path | str) -> str:
-    """A short stable hex id of a local Hugging Face model folder."""
+def model_fingerprint(model_dir: Path | str, kv_cache_dtype: str = "auto") -> str:
+    """A short stable hex id of a local Hugging Face model folder, and of the engine's KV
+    cache dtype where it is not the model's (an fp8 cache's entries are fp8 values, scaled as
+    that cache holds them: they belong to it, as a model's entries belong to the model)."""
     root = Path(model_dir)
     config_path = root / "config.json"
     if not config_path.is_file():
@@ -27,4 +29,6 @@ def model_fingerprint(model_dir: Path | str) -> str:
     for path in sorted(root.iterdir()):
         if path.suffix in _WEIGHT_SUFFIXES:
             digest.update(f"{path.name}:{path.stat().st_size}".encode())
+    if kv_cache_dtype != "auto":  # "auto" adds nothing: stores made before it keep their id
+        digest.update(f"kv_cache_dtype:{kv_cache_dtype}".encode())
     return digest.hexdigest()[:16]

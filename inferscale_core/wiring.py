@@ -60,13 +60,18 @@ class Assistant:
 
 
 def open_store(
-    model_dir: Path, root: Path | None = None, gpu_bytes: int = 0, store_dtype: str = "model"
+    model_dir: Path,
+    root: Path | None = None,
+    gpu_bytes: int = 0,
+    store_dtype: str = "model",
+    kv_cache_dtype: str = "auto",
 ) -> KVStore:
     """The KV store of a model: ``<root>/<model fingerprint>`` (root: the data folder's kv/),
-    writing entries as ``store_dtype`` (``AppConfig.store_dtype``)."""
+    writing entries as ``store_dtype`` (``AppConfig.store_dtype``); an engine with an fp8
+    cache (``kv_cache_dtype``) has a store of its own (see ``model_fingerprint``)."""
     from inferscale_core.fingerprint import model_fingerprint
 
-    fingerprint = model_fingerprint(model_dir)
+    fingerprint = model_fingerprint(model_dir, kv_cache_dtype)
     root = Path(root) if root is not None else paths.kv_dir()
     return KVStore(
         root / fingerprint,
@@ -97,7 +102,10 @@ def engine_options(
     from inferscale_core.model_files import resolve_model
 
     model_dir = resolve_model(config.model)
-    store = open_store(model_dir, store_root, config.gpu_pool_bytes, config.store_dtype)
+    store = open_store(
+        model_dir, store_root, config.gpu_pool_bytes, config.store_dtype, config.kv_cache_dtype
+    )
+    options.setdefault("kv_cache_dtype", config.kv_cache_dtype)
     return _engine_options(model_dir, store, **options)
 
 
@@ -143,7 +151,10 @@ def build(
 
     on_step(STEPS[0])
     model_dir = resolve_model(config.model, progress=model_progress)
-    store = open_store(model_dir, store_root, config.gpu_pool_bytes, config.store_dtype)
+    store = open_store(
+        model_dir, store_root, config.gpu_pool_bytes, config.store_dtype, config.kv_cache_dtype
+    )
+    engine_options.setdefault("kv_cache_dtype", config.kv_cache_dtype)
     on_step(STEPS[1])
     engine = start_engine(model_dir, store, serving=serving, **engine_options)
     on_step(STEPS[2])

@@ -215,8 +215,11 @@ def check_hardware() -> Check:
     return engine_fit(installed_engine(), nvidia_gpus())
 
 
-def check_store(model_dir: Path | None, store_dtype: str = "int4") -> Check:
-    """The KV store's folders: entries, bytes on disk and how they are stored, per model."""
+def check_store(
+    model_dir: Path | None, store_dtype: str = "int4", kv_cache_dtype: str = "auto"
+) -> Check:
+    """The KV store's folders: entries, bytes on disk and how they are stored, per model (and
+    per KV cache dtype: an fp8 engine has a store of its own)."""
     from inferscale_core.kvstore.entry_file import usage
 
     root = paths.kv_dir()
@@ -233,7 +236,7 @@ def check_store(model_dir: Path | None, store_dtype: str = "int4") -> Check:
     if model_dir is not None:
         from inferscale_core.fingerprint import model_fingerprint
 
-        current = model_fingerprint(model_dir)
+        current = model_fingerprint(model_dir, kv_cache_dtype)
         stale = sorted(set(counts) - {current})
         if stale:
             return Check(
@@ -291,7 +294,7 @@ def check_memory(config: AppConfig, model_dir: Path | None) -> list[Check]:
             from inferscale_core.encoding import ENCODER_VERSION
             from inferscale_core.fingerprint import model_fingerprint
 
-            fp = model_fingerprint(model_dir)
+            fp = model_fingerprint(model_dir, config.kv_cache_dtype)
             encoding = encoding_version(ENCODER_VERSION, config.w, config.window)
             missing = len(log.facts_without_kv(pid, fp, config.w, encoding))
             if missing:
@@ -378,7 +381,7 @@ def run_doctor(console: Console, skip_engine: bool = False) -> int:
         with console.status("importing the engine…"):
             checks.append(check_engine())
     checks.append(check_hardware())
-    checks.append(check_store(model_dir, config.store_dtype))
+    checks.append(check_store(model_dir, config.store_dtype, config.kv_cache_dtype))
     permissions = check_permissions()  # before opening the log, which tightens its file modes
     checks += check_memory(config, model_dir)
     checks.append(permissions)

@@ -15,6 +15,9 @@ Reading the cache goes through what the backend itself knows:
   ``do_kv_cache_update`` produces: it writes numbered elements into a one-block scratch cache,
   and the positions they land at are inverted (:class:`ProbedLayout`).
 
+An fp8 cache (``kv_cache_dtype="fp8"``) is read as its bytes and the entry typed as its fp8
+format: the engine's own values, scaled as the cache holds them (:mod:`.fp8_cache`).
+
 Graph-safe: the copies are queued on the current stream after the forward (which may have been
 a CUDA graph), so they read what it wrote and run before any later step reuses the blocks.
 """
@@ -33,6 +36,7 @@ import torch
 from inferscale_core.kvstore import KVStore
 from inferscale_core.tp_heads import RankHeads
 from inferscale_core.types import FactKV
+from inferscale_core.vllm_plugin.fp8_cache import exact_integers, scales, typed
 from inferscale_core.vllm_plugin.metadata import SaveOp
 from inferscale_core.vllm_plugin.paged_layouts import (
     PagedLayout,
@@ -53,32 +57,51 @@ class ProbedLayout:
     first ``block_size`` rows of ``[blocks, heads, 2 * block_size, head_dim]`` and values in the
     rest (the CPU backend's layout)."""
 
-    def __init__(self, layer: Any, like: torch.Tensor, block_size: int) -> None:
+    def __init__(
+        self,
+        layer: Any,
+        like: torch.Tensor,
+        block_size: int,
+        fp8: torch.dtype | None = None,  # an fp8 cache's format (like is then its uint8 bytes)
+        key_dtype: torch.dtype | None = None,  # what the backend's update takes (fp8: the model's)
+    ) -> None:
         if like.dim() != 4 or like.shape[2] != block_size or like.shape[3] % 2:
             shape = tuple(like.shape)
             raise UnknownLayoutError(f"a cache of shape {shape} is not [blocks, heads, bs, 2d]")
         self.block_size, self.heads, self.head_dim = block_size, like.shape[1], like.shape[3] // 2
         self.device = like.device
-        key_at, value_at = self._probe(layer, like.dtype)  # int64 [bs * d] each
-        self.key_at, self.value_at = key_at.to(self.device), value_at.to(self.device)
+        key_at, value_at = self._probe(layer, like.dtype, fp8, key_dtype or like.dtype)
+        self.key_at, self.value_at = (
+            key_at.to(self.device),
+            value_at.to(self.device),
+        )  # int64 [bs*d]
 
-    def _probe(self, layer: Any, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def _probe(
+        self, layer: Any, dtype: torch.dtype, fp8: torch.dtype | None, key_dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         bs, heads, dim = self.block_size, self.heads, self.head_dim
         n = bs * dim  # elements of one head's block tile
-        # Numbered elements, written in base-256 digits so that bf16 holds every digit exactly.
-        digits = 1 if dtype == torch.float32 and n < (1 << 24) else max(1, -(-n.bit_length() // 8))
+        # Numbered elements, written in digits of a base the stored type holds exactly (one
+        # digit in fp32, base 256 in bf16, 16 in fp8 e4m3); an fp8 cache's update divides by
+        # the layer's scales, so the numbers are multiplied by them first.
+        base = exact_integers(fp8 or dtype)
+        digits = 1
+        while base**digits < n:
+            digits += 1
+        k_scale, v_scale = scales(layer) if fp8 is not None else (1.0, 1.0)
         ids = torch.arange(n, dtype=torch.int64)
         found_k = torch.zeros(n, dtype=torch.int64)
         found_v = torch.zeros(n, dtype=torch.int64)
         slots = torch.arange(bs, dtype=torch.int64, device=self.device)
         for d in range(digits):
-            base = 256**d if digits > 1 else 1
-            digit = (ids // base) % 256 if digits > 1 else ids
+            place = base**d
+            digit = (ids // place) % base
             value = (digit + 1).to(torch.float32).view(bs, 1, dim).expand(bs, heads, dim)
             scratch = torch.zeros(1, heads, bs, 2 * dim, dtype=dtype, device=self.device)
-            key = value.to(device=self.device, dtype=dtype).contiguous()
-            layer.impl.do_kv_cache_update(layer, key, -key, scratch, slots)
-            both = scratch.view(1, heads, 2 * bs, dim).cpu()
+            key = (value * k_scale).to(device=self.device, dtype=key_dtype).contiguous()
+            neg = (value * -v_scale).to(device=self.device, dtype=key_dtype).contiguous()
+            layer.impl.do_kv_cache_update(layer, key, neg, scratch, slots)
+            both = typed(scratch, fp8).view(1, heads, 2 * bs, dim).cpu()
             for found, part, sign in (
                 (found_k, both[0, :, :bs], 1),
                 (found_v, both[0, :, bs:], -1),
@@ -86,7 +109,7 @@ class ProbedLayout:
                 got = (sign * part.float()).reshape(heads, n).round().to(torch.int64) - 1
                 if not (got == got[:1]).all():  # every head's tile is laid out alike
                     raise UnknownLayoutError("the backend lays out heads differently")
-                found += got[0] * base
+                found += got[0] * place
         out = []
         for found in (found_k, found_v):  # found[p] = the element written to flat place p
             if not torch.equal(torch.sort(found).values, ids):
@@ -112,8 +135,16 @@ class ProbedLayout:
 class CacheReader:
     """Reads spans of K/V out of every layer's paged cache, for the layers of one engine."""
 
-    def __init__(self, layers: Sequence[tuple[str, Any]], block_size: int) -> None:
+    def __init__(
+        self,
+        layers: Sequence[tuple[str, Any]],
+        block_size: int,
+        fp8: torch.dtype | None = None,  # an fp8 cache's format (fp8_cache.fp8_format)
+        key_dtype: torch.dtype
+        | None = None,  # the model's dtype (what an fp8 cache's update takes)
+    ) -> None:
         self.block_size = block_size
+        self.fp8 = fp8
         _, first = layers[0]
         cache = _layer_cache(first)
         backend = getattr(getattr(first, "attn_backend", None), "get_name", lambda: "")()
@@ -122,12 +153,13 @@ class CacheReader:
         if backend in KNOWN_LAYOUT_BACKENDS:
             self._layout = detect_layout(cache, block_size, first.num_kv_heads, first.head_size)
         else:
-            self._probed = ProbedLayout(first, cache, block_size)
+            self._probed = ProbedLayout(first, cache, block_size, fp8, key_dtype)
         self.layers = list(layers)
 
     def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of ``slots`` (int64 [tokens] on the cache's device) in every layer: each
-        [layers, tokens, heads, head_dim], in the cache's dtype and on its device."""
+        [layers, tokens, heads, head_dim], in the cache's dtype (an fp8 cache's: its fp8
+        format, gathered as bytes) and on its device."""
         ks, vs = [], []
         for _, layer in self.layers:
             cache = _layer_cache(layer)
@@ -137,7 +169,8 @@ class CacheReader:
                 k, v = self._probed.read(cache, slots)  # type: ignore[union-attr]
             ks.append(k)
             vs.append(v)
-        return torch.stack(ks), torch.stack(vs)
+        k, v = torch.stack(ks), torch.stack(vs)
+        return (typed(k, self.fp8), typed(v, self.fp8)) if self.fp8 is not None else (k, v)
 
 
 class EntryWriter:

@@ -34,6 +34,9 @@ class EngineOptions:
     store_path: Path
     fingerprint: str
     dtype: str = "auto"  # "auto": float32 on CPU, the model's dtype on a GPU
+    # vLLM's KV cache: "auto" in the model's dtype, "fp8" in fp8 e4m3 (half of bf16; on a CPU
+    # only with AVX-512 or AMX). Entries are kept as that cache holds them (fp8_cache.py).
+    kv_cache_dtype: str = "auto"
     max_model_len: int = 8192
     kv_cache_gib: float = 2.0  # CPU KV cache (VLLM_CPU_KVCACHE_SPACE)
     gpu_memory_utilization: float = 0.5
@@ -88,6 +91,8 @@ def engine_arguments(options: EngineOptions, on_gpu: bool) -> dict[str, Any]:
     from vllm.config import KVTransferConfig
 
     dtype = options.dtype if options.dtype != "auto" or on_gpu else "float32"
+    if options.kv_cache_dtype != "auto":
+        check_kv_cache_dtype(options.kv_cache_dtype, on_gpu)
     eager = options.enforce_eager if options.enforce_eager is not None else not on_gpu
     kwargs: dict[str, Any] = dict(
         model=str(options.model_dir),
@@ -110,6 +115,8 @@ def engine_arguments(options: EngineOptions, on_gpu: bool) -> dict[str, Any]:
             },
         ),
     )
+    if options.kv_cache_dtype != "auto":
+        kwargs["kv_cache_dtype"] = options.kv_cache_dtype
     if on_gpu:
         kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
     block_size = options.block_size or (GPU_BLOCK_SIZE if on_gpu else None)
@@ -124,6 +131,23 @@ def engine_arguments(options: EngineOptions, on_gpu: bool) -> dict[str, Any]:
             kwargs["max_num_seqs"] = min(step_tokens, 1024)
     kwargs.update(options.extra)
     return kwargs
+
+
+class KVCacheDtypeError(RuntimeError):
+    """A ``kv_cache_dtype`` this machine's vLLM cannot run."""
+
+
+def check_kv_cache_dtype(kv_cache_dtype: str, on_gpu: bool) -> None:
+    """Refuse, before vLLM starts, a cache dtype it would refuse deep in its start."""
+    from inferscale_core.cpu_features import fp8_kv_cache
+
+    if kv_cache_dtype != "fp8":
+        raise KVCacheDtypeError(f"kv_cache_dtype must be auto or fp8, got {kv_cache_dtype!r}")
+    if not on_gpu and not fp8_kv_cache():
+        raise KVCacheDtypeError(
+            "kv_cache_dtype = fp8 needs a GPU, or a CPU with AVX-512 or AMX (vLLM's CPU"
+            " attention has no fp8 cache on AVX2); set kv_cache_dtype = auto"
+        )
 
 
 class VllmEngine(QueuedRequests):

@@ -46,6 +46,7 @@ from inferscale_core.tp_heads import RankHeads, rank_heads, slice_heads
 from inferscale_core.types import FactKV
 from inferscale_core.vllm_plugin import fused_inject
 from inferscale_core.vllm_plugin.capture import CacheReader, EntryWriter, capture
+from inferscale_core.vllm_plugin.fp8_cache import fp8_format, scales, typed
 from inferscale_core.vllm_plugin.fused_compressed import (
     StoredPiece,
     inject_mixed,
@@ -140,6 +141,9 @@ class InjectionWorker:
         self.spec = spec
         self.heads: RankHeads = rank_heads(spec.num_kv_heads, tp_rank, tp_size)
         self.block_size = vllm_config.cache_config.block_size
+        # An fp8 cache: its format (entries are kept in it), and the dtype its update takes.
+        self._fp8 = fp8_format(str(vllm_config.cache_config.cache_dtype))
+        self._model_dtype: torch.dtype = vllm_config.model_config.dtype
         self.stats = LoadStats()
         self._layers: list[tuple[str, Any]] | None = None
         self._buffers: dict[str, torch.Tensor] = {}
@@ -222,7 +226,9 @@ class InjectionWorker:
             return  # a replica: the first rank holding these heads writes them
         try:
             if self._reader is None:
-                self._reader = CacheReader(self.layers, self.block_size)
+                self._reader = CacheReader(
+                    self.layers, self.block_size, self._fp8, self._model_dtype
+                )
                 self._writer = EntryWriter(self.store, self.heads)
             assert self._writer is not None
             capture(self._reader, self._writer, meta.saves, str(self.store.fingerprint))
@@ -261,8 +267,8 @@ class InjectionWorker:
         if not why:
             _, first = self.layers[0]
             try:
-                self._injector = FusedInjector(
-                    [_layer_cache(layer) for _, layer in self.layers],
+                self._injector = FusedInjector(  # an fp8 cache seen as its fp8 format
+                    [typed(_layer_cache(layer), self._fp8) for _, layer in self.layers],
                     self._layout(),
                     self.block_size,
                     first.num_kv_heads,
@@ -372,7 +378,9 @@ class InjectionWorker:
         """Place each piece and re-rotate it, then one backend cache update per layer."""
         layers = self.layers
         first_cache = _layer_cache(layers[0][1])
-        device, dtype = first_cache.device, first_cache.dtype
+        # what the backend's update takes: the cache's dtype, or an fp8 cache's model dtype
+        device = first_cache.device
+        dtype = first_cache.dtype if self._fp8 is None else self._model_dtype
         self._check_blocks(op)
         entries = self.store.get_many([piece.key for piece in op.pieces])
         num_layers, _, stored_heads, head_dim = _shape(entries[0])
@@ -426,7 +434,12 @@ class InjectionWorker:
         slots = torch.as_tensor(op.slots(self.block_size), device=device)  # int64 [tokens]
         for index, (_, layer) in enumerate(layers):
             cache = _layer_cache(layer)
-            layer.impl.do_kv_cache_update(layer, k_post[index], v_all[index], cache, slots)
+            k, v = k_post[index], v_all[index]
+            if self._fp8 is not None:  # stored as the cache holds them: the update divides again
+                k_scale, v_scale = scales(layer)
+                k = k if k_scale == 1.0 else k * k_scale
+                v = v if v_scale == 1.0 else v * v_scale
+            layer.impl.do_kv_cache_update(layer, k, v, cache, slots)
 
     def _rotary(self) -> VllmRotary | None:
         """vLLM's CPU RoPE kernel over our tables, made once; None where the build lacks it."""

@@ -47,11 +47,17 @@ def run_checks(
     cudagraph_mode = os.environ.get("TINY_CUDAGRAPH_MODE", "")  # e.g. FULL; "" = vLLM's default
     extra = {"compilation_config": {"cudagraph_mode": cudagraph_mode}} if cudagraph_mode else {}
     kv_write = os.environ.get("TINY_KV_WRITE", "auto")  # "backend": the unfused load
+    kv_cache_dtype = os.environ.get("TINY_KV_CACHE_DTYPE", "auto")  # "fp8": vLLM's fp8 cache
     # On a GPU the store gets its device pool, so the fused load reads entries in place.
     pool_gib = 0.25 if torch.cuda.is_available() else 0
     runtime = wiring.build(
         # the model's own dtype: exactness is checked against a full prefill
-        AppConfig(model=str(model_dir), gpu_pool_gib=pool_gib, kv_store_dtype="model"),
+        AppConfig(
+            model=str(model_dir),
+            gpu_pool_gib=pool_gib,
+            kv_store_dtype="model",
+            kv_cache_dtype=kv_cache_dtype,
+        ),
         store_root=workdir / "kv",
         system_prompt="You are a test model. Memory:",
         max_model_len=2048,
@@ -144,6 +150,8 @@ def run_checks(
         "model_type": spec.model_type,
         "layer_ropes": len(set(spec.layer_rope)),
         "dtype": dtype,
+        "kv_cache_dtype": kv_cache_dtype,
+        "entry_dtype": str(runtime.store.get(composed1.fact_keys[0]).k.dtype),
         # Compared up to the first step where the greedy tokens differ (see max_logprob_delta).
         "k1_delta": max_logprob_delta(full.logprobs, inj1.logprobs, full.token_ids, inj1.token_ids),
         "k1_shift": runtime.store.header(fact_key).origin - composed1.entries[1].start,

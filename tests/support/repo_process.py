@@ -11,11 +11,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_python(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+def run_python(
+    args: list[str], timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """``python ARGS`` from the repository root, with the repository importable and vLLM's
-    log at WARNING; stdout and stderr captured as text."""
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING", PYTHONPATH=path)
+    log at WARNING (``env``: the environment, default this process's); stdout and stderr
+    captured as text."""
+    base = os.environ if env is None else env
+    path = os.pathsep.join(filter(None, [str(REPO), base.get("PYTHONPATH")]))
+    env = dict(base, VLLM_LOGGING_LEVEL="WARNING", PYTHONPATH=path)
     return subprocess.run(
         [sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO
     )

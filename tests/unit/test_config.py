@@ -41,6 +41,7 @@ def test_the_embedded_model_is_left_out_of_the_file(tmp_path):
         ("w = true", ["w must be a whole number"]),
         ("gpu_pool_gib = -2", ["gpu_pool_gib must be a number of GiB >= 0"]),
         ('extractor = "magic"', ["extractor must be one of auto, deterministic, llm"]),
+        ('kv_cache_dtype = "fp4"', ["kv_cache_dtype must be one of auto, fp8", "'fp4'"]),
         ('profile = ""', ["profile must be a non-empty name"]),
         ('model = ""', ["model must be a model folder, a .gguf file"]),
         ("colour = 3", ["unknown setting(s) colour", "known: model, k, w"]),
@@ -69,3 +70,27 @@ def test_a_failed_save_keeps_the_old_file(tmp_path, monkeypatch):
         save(AppConfig(k=2), path)
     assert load(path).k == 1
     assert [p.name for p in tmp_path.iterdir()] == ["config.toml"]
+
+
+def test_an_fp8_cache_keeps_its_entries_as_it_holds_them(tmp_path):
+    """kv_store_dtype "auto" is "model" over an fp8 cache (already a byte an element, exact);
+    a choice the user made stands."""
+    path = tmp_path / "config.toml"
+    path.write_text('kv_cache_dtype = "fp8"\n')
+    assert load(path).store_dtype == "model"
+    path.write_text('kv_cache_dtype = "fp8"\nkv_store_dtype = "int4"\n')
+    assert load(path).store_dtype == "int4"
+    assert load(tmp_path / "missing.toml").kv_cache_dtype == "auto"
+
+
+def test_an_fp8_cache_has_a_store_of_its_own(tmp_path):
+    """Its entries are fp8 values scaled as that cache holds them: another fingerprint, while
+    "auto" leaves every existing store's fingerprint as it was."""
+    from inferscale_core.fingerprint import model_fingerprint
+
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "model.safetensors").write_bytes(b"0" * 10)
+    plain = model_fingerprint(tmp_path)
+    assert model_fingerprint(tmp_path, "auto") == plain
+    assert model_fingerprint(tmp_path, "fp8") != plain
+    assert len(model_fingerprint(tmp_path, "fp8")) == len(plain) == 16
