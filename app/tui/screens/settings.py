@@ -12,7 +12,14 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
 from app.tui.widgets.status import StatusBar
-from inferscale_core.config import EXTRACTORS, KV_STORE_DTYPES, AppConfig, ConfigError, save
+from inferscale_core.config import (
+    EXTRACTORS,
+    KV_CACHE_DTYPES,
+    KV_STORE_DTYPES,
+    AppConfig,
+    ConfigError,
+    save,
+)
 from inferscale_core.context_window import ANCHORED, WINDOWS
 from inferscale_core.generation import EMBEDDED
 
@@ -25,6 +32,7 @@ RESTART_KEYS = (
     "profile",
     "extractor",
     "kv_store_dtype",
+    "kv_cache_dtype",
     "kv_disk_budget",
     "kv_encode_recent_days",
     "max_tokens",
@@ -73,9 +81,15 @@ CHOICES = (  # (setting, label, its options): a Select each
     ),
     (
         "kv_store_dtype",
-        "Memory KV kept as: auto = int4 on a CPU, the model's dtype on a GPU; model = exact"
+        "Memory KV kept as: auto = int4 (model with an fp8 cache); model = exact"
         " (restart; older entries are rewritten in the background)",
         KV_STORE_DTYPES,
+    ),
+    (
+        "kv_cache_dtype",
+        "Engine KV cache: auto = the model's dtype; fp8 = half the memory, twice the tokens (a"
+        " GPU, or a CPU with AVX-512; restart; memories are encoded again for it)",
+        KV_CACHE_DTYPES,
     ),
 )
 
@@ -85,6 +99,7 @@ def parse_form(
     extractor: str,
     window: str = ANCHORED,
     kv_store_dtype: str = "auto",
+    kv_cache_dtype: str = "auto",
 ) -> AppConfig:
     """An :class:`AppConfig` from the form's text, or :class:`ConfigError` saying what's wrong."""
 
@@ -109,6 +124,7 @@ def parse_form(
         inbox=values.get("inbox", "").strip() or None,
         extractor=extractor,
         kv_store_dtype=kv_store_dtype,
+        kv_cache_dtype=kv_cache_dtype,
         kv_disk_budget=_budget(values.get("kv_disk_budget", "")),
         kv_encode_recent_days=_recent_days(values.get("kv_encode_recent_days", "")),
         max_tokens=number("max_tokens", int),
@@ -204,9 +220,10 @@ class SettingsScreen(Screen):
         extractor = str(self.query_one("#set-extractor", Select).value)
         window = str(self.query_one("#set-window", Select).value)
         kv_store_dtype = str(self.query_one("#set-kv_store_dtype", Select).value)
+        kv_cache_dtype = str(self.query_one("#set-kv_cache_dtype", Select).value)
         error = self.query_one("#settings-error", Label)
         try:
-            new = parse_form(values, extractor, window, kv_store_dtype)
+            new = parse_form(values, extractor, window, kv_store_dtype, kv_cache_dtype)
         except ConfigError as exc:
             error.update(str(exc))
             return
