@@ -19,8 +19,8 @@ import argparse
 import shlex
 import sys
 import time
-from pathlib import Path
 
+from bench import gpu_smollm2
 from bench.arguments import parse_ks, parse_names, parse_windows
 from bench.locomo_data import LocomoDataMissingError, require
 
@@ -30,19 +30,7 @@ SCHEMES = ("fp8", "int4")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The arguments, checked before any model unpacks (a typo fails at once)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path, help="folder for kvquant-gpu.json")
-    parser.add_argument("--gguf", type=Path, required=True, help="SmolLM2-135M-Instruct GGUF")
-    parser.add_argument("--retrieval", type=Path, required=True, help="--export-retrieval file")
-    parser.add_argument(
-        "--data",
-        type=Path,
-        help="locomo10.json (default: $INFERSCALE_LOCOMO, else ../shared/data/locomo/ beside"
-        " the checkout)",
-    )
-    parser.add_argument("--model-dir", type=Path, default=Path("/tmp/smollm2-hf"))
-    parser.add_argument("--store", type=Path, default=Path("/tmp/smollm2-kvq"), help="KV entries")
-    parser.add_argument("--sample", type=int, default=200, help="questions, seeded (200)")
-    parser.add_argument("--seed", type=int, default=0)
+    gpu_smollm2.add_arguments(parser, "kvquant-gpu.json", "/tmp/smollm2-kvq")
     parser.add_argument("--k", default="5,20,50", help="comma-separated numbers of facts")
     parser.add_argument("--w", default="20a", help="the facts' context window (20a: anchored)")
     parser.add_argument("--schemes", default=",".join(SCHEMES), help="compressed schemes")
@@ -73,18 +61,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench import kv_quant
     from bench.report import write_json
-    from inferscale_core import wiring
-    from inferscale_core.config import AppConfig
-    from inferscale_core.model_files import check_architecture, smollm2_dir
+    from inferscale_core.model_files import check_architecture
 
-    t0 = time.perf_counter()
-    model_dir = smollm2_dir(progress=False, gguf=args.gguf, target=args.model_dir)
-    print(f"unpacked {args.gguf.name} in {time.perf_counter() - t0:.1f} s", flush=True)
-    runtime = wiring.build(
-        AppConfig(model=str(model_dir)),
-        store_root=args.store,
-        on_step=lambda step: print(step, flush=True),
-    )
+    model_dir, runtime = gpu_smollm2.build(args)
     json_path = args.out / "kvquant-gpu.json"
     t1 = time.perf_counter()
     result = kv_quant.run_kv_quant(
