@@ -22,16 +22,19 @@ import json
 import os
 import re
 import struct
+import threading
 import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
+import numpy as np
 import torch
-from safetensors.torch import load as load_tensors
 from safetensors.torch import save
 
 from inferscale_core.files import TEMP_PREFIX, write_atomic
+from inferscale_core.kvstore import region
 from inferscale_core.kvstore.quant import SCHEMES, entry_tensors
 from inferscale_core.types import FactKV, KVQuant
 
@@ -192,19 +195,26 @@ def read_header(key: str, path: Path) -> EntryHeader:
     return header
 
 
-def read_entry(header: EntryHeader, path: Path) -> FactKV:
-    """The entry's tensors (``header`` from :func:`read_header` of the same file), checked
-    against the header's shapes and checksum (:class:`EntryCorruptError` if they differ)."""
+def read_entry(header: EntryHeader, path: Path, pin: bool = False) -> FactKV:
+    """The entry's tensors (``header`` from :func:`read_header` of the same file), read
+    straight into one host region laid out as the GPU pool's (pinned if ``pin``: that needs
+    CUDA, the caller guards; :mod:`~inferscale_core.kvstore.region`), and checked against the
+    header's shapes and checksum (:class:`EntryCorruptError` if they differ, or if the file is
+    cut short or its tensors' table does not parse).
+
+    One open, one first read (the table, and a small entry whole), the rest in one ``preadv``
+    straight into the region, and the checksum over the region: no copy of the file's bytes
+    beyond the first read's (the old read made three: the file, safetensors' tensors, the
+    pinned copy)."""
     key = header.key
     try:
-        data = path.read_bytes()
+        with open(path, "rb", buffering=0) as fh:  # raw reads, straight into the region
+            tensors, crc = _read_tensors(key, fh, pin)
     except FileNotFoundError:
         raise EntryMissingError(key) from None
-    try:
-        tensors = load_tensors(data)
-    except Exception as exc:  # safetensors' own error type differs across versions
-        raise EntryCorruptError(key, f"its tensors do not load ({exc})") from None
-    if header.crc32 is not None and checksum(tensors) != header.crc32:
+    if set(tensors) != _QUANT_NAMES.get(header.scheme, _NAMES):
+        raise EntryCorruptError(key, f"tensors {sorted(tensors)} for scheme {header.scheme!r}")
+    if header.crc32 is not None and crc != header.crc32:
         raise EntryCorruptError(key, "its bytes do not match their checksum")
     entry = _entry_of(header, tensors)
     if _logical_shape(entry) != header.shape or entry.nbytes != header.nbytes:
@@ -262,6 +272,16 @@ def sweep_temp_files(root: Path) -> None:
 
 # ---- helpers ----
 _SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+_TORCH_DTYPES = {
+    "F32": torch.float32,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "U8": torch.uint8,
+}
+_FIRST_READ = 1 << 18  # bytes: the table of an entry (~1 KiB) and a small entry whole, at once
+_THREAD = threading.local()  # each reader thread's buffer for first reads
 _NAMES = {"k", "v"}
 _QUANT_NAMES = {"fp8": _NAMES | {"k_scale", "v_scale"}}
 _QUANT_NAMES["int4"] = _QUANT_NAMES["fp8"] | {"k_zero", "v_zero"}
@@ -293,6 +313,109 @@ def _parse_header(key: str, meta: dict[str, str], info: dict[str, dict]) -> Entr
         meta.get("dtype") or _SAFETENSORS_DTYPES.get(info["k"]["dtype"], info["k"]["dtype"]),
         None if crc is None else int(crc),
     )
+
+
+def _read_tensors(key: str, fh: BinaryIO, pin: bool) -> tuple[dict[str, torch.Tensor], int]:
+    """The file's tensors by name, as views of one fresh region (:func:`region.layout`) their
+    bytes were read into, and the CRC-32 of their bytes in name order (:func:`checksum`);
+    :class:`EntryCorruptError` for a table that does not parse or does not match the file's
+    size, or a file cut short.
+
+    The first read (up to :data:`_FIRST_READ` bytes, into a buffer each thread reuses) brings
+    the table and, for a small entry, all of it: one request to the disk. The rest goes
+    straight into the region, one ``preadv`` per run of tensors that follow one another in the
+    file (one for a file safetensors wrote)."""
+    file_size = os.fstat(fh.fileno()).st_size
+    first = _first_buffer()
+    got = _read_some(fh, first[: min(file_size, len(first))])
+    head = first[:got]
+    size = int.from_bytes(head[:8].tobytes(), "little") if got >= 8 else -1
+    if not 0 < size <= 1 << 26:
+        raise EntryCorruptError(key, f"a {size}-byte header")
+    text = head[8 : 8 + size].tobytes()
+    if len(text) < size:  # a header longer than the first read (not one of ours)
+        text += fh.read(size - len(text))
+    try:
+        info = json.loads(text)
+        info.pop("__metadata__", None)
+        table = {
+            name: (_TORCH_DTYPES[t["dtype"]], torch.Size(t["shape"]), *map(int, t["data_offsets"]))
+            for name, t in info.items()
+        }
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise EntryCorruptError(key, f"its tensors do not load ({exc})") from None
+    sizes = []
+    for name, (dtype, shape, start, end) in table.items():
+        nbytes = shape.numel() * dtype.itemsize
+        if name not in region.ORDER or min(shape, default=0) < 0 or not 0 <= start <= end:
+            raise EntryCorruptError(key, f"its tensor {name!r} does not load")
+        if end - start != nbytes:
+            raise EntryCorruptError(key, f"its tensor {name!r} does not load")
+        sizes.append((name, nbytes))
+    data_at = 8 + size
+    end = max((t[3] for t in table.values()), default=0)
+    if file_size != data_at + end:
+        raise EntryCorruptError(key, f"{file_size} bytes, its header says {data_at + end}")
+    offsets, total = region.layout(sizes)
+    buffer = torch.empty(total, dtype=torch.uint8, pin_memory=pin)  # [total]
+    flat = buffer.numpy()
+    runs: list[tuple[int, list[np.ndarray]]] = []  # (file offset, region slices) still to read
+    for name, (_, _, start, stop) in sorted(table.items(), key=lambda item: item[1][2]):
+        at, target = data_at + start, flat[offsets[name] : offsets[name] + stop - start]
+        have = min(max(got - at, 0), len(target))  # bytes the first read brought already
+        target[:have] = head[at : at + have]
+        if have < len(target):
+            if runs and runs[-1][0] + sum(map(len, runs[-1][1])) == at + have:
+                runs[-1][1].append(target[have:])
+            else:
+                runs.append((at + have, [target[have:]]))
+    for at, targets in runs:
+        _read_at(key, fh, targets, at)
+    crc = 0
+    for name in sorted(table):
+        crc = zlib.crc32(flat[offsets[name] : offsets[name] + table[name][3] - table[name][2]], crc)
+    tensors = {
+        name: buffer[offsets[name] : offsets[name] + stop - start].view(dtype).view(shape)
+        for name, (dtype, shape, start, stop) in table.items()
+    }
+    return tensors, crc
+
+
+def _first_buffer() -> np.ndarray:
+    """This thread's buffer for first reads (reused: fresh memory page-faults every time)."""
+    buf = getattr(_THREAD, "first", None)
+    if buf is None:
+        buf = _THREAD.first = np.empty(_FIRST_READ, dtype=np.uint8)
+    return buf
+
+
+def _read_some(fh: BinaryIO, out: np.ndarray) -> int:
+    """Fill ``out`` from where ``fh`` is; fewer bytes only at the file's end."""
+    view, got = memoryview(out), 0
+    while got < len(view) and (n := fh.readinto(view[got:])):
+        got += n
+    return got
+
+
+def _read_at(key: str, fh: BinaryIO, targets: list[np.ndarray], offset: int) -> None:
+    """Fill ``targets`` (uint8) in turn from the file's bytes at ``offset``: one ``preadv``
+    where the OS has it (reads from the page cache are copied once, straight into them)."""
+    views = [memoryview(t) for t in targets if len(t)]
+    preadv = getattr(os, "preadv", None)
+    while views:
+        if preadv is not None:
+            n = preadv(fh.fileno(), views, offset)
+        else:
+            fh.seek(offset)
+            n = fh.readinto(views[0])
+        if not n:
+            raise EntryCorruptError(key, f"cut short at byte {offset}")
+        offset += n
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if n:
+            views[0] = views[0][n:]
 
 
 def _entry_of(header: EntryHeader, tensors: dict[str, torch.Tensor]) -> FactKV:

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from inferscale_core.kvstore.quant import entry_tensors, with_tensors
+from inferscale_core.kvstore.quant import entry_tensors
+from inferscale_core.kvstore.region import entry_layout, pack, region_of, views
 from inferscale_core.types import FactKV
 
 
@@ -52,25 +53,20 @@ class PrefetchReport:
 
 
 def to_host(entry: FactKV, pin: bool, copy: bool = False) -> FactKV:
-    """``entry`` with its tensors (codes and scales, when compressed) in host RAM: pinned if
-    ``pin``, a fresh copy if ``copy``."""
-    tensors = entry_tensors(entry)
-    hosted = {name: _host_tensor(t, pin, copy) for name, t in tensors.items()}
-    if all(hosted[name] is t for name, t in tensors.items()):
-        return entry
-    return with_tensors(entry, hosted)
-
-
-def _host_tensor(t: torch.Tensor, pin: bool, copy: bool) -> torch.Tensor:
-    if t.device.type == "cpu" and not copy and (not pin or t.is_pinned()):
-        return t
-    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=pin)  # pinning needs CUDA: caller guards
-    out.copy_(t)
-    return out
+    """``entry`` in host RAM as one region laid out as the pool's
+    (:mod:`~inferscale_core.kvstore.region`): pinned if ``pin`` (that needs CUDA: the caller
+    guards), a fresh copy if ``copy``. An entry that already is such a region in host RAM
+    (pinned, if ``pin``) is returned as it is."""
+    if not copy:
+        source = region_of(entry)
+        if source is not None and source.device.type == "cpu" and (not pin or source.is_pinned()):
+            return entry
+    return pack(entry, pin)
 
 
 class HostTier:
-    """A byte-budgeted LRU of entries in host RAM. Eviction drops (the disk copy is durable)."""
+    """A byte-budgeted LRU of entries in host RAM, each one region (:func:`to_host`), so that
+    it crosses to the GPU pool as one copy. Eviction drops (the disk copy is durable)."""
 
     def __init__(self, budget: int, pin: bool) -> None:
         self.budget = budget
@@ -244,7 +240,7 @@ class DeviceTier:
         return all(map(self._entries.__contains__, keys))
 
     def region_size(self, entry: FactKV) -> int:
-        return sum(self.allocator.round(_nbytes(t)) for t in entry_tensors(entry).values())
+        return entry_layout(entry, self.allocator.align)[1]
 
     def get(self, key: str) -> FactKV | None:
         """The entry's views, ordered after its copy in on the current stream."""
@@ -341,7 +337,9 @@ class DeviceTier:
         Each victim goes to ``demote(key, views)`` before its region is reused. False if the
         entry cannot fit (bigger than the tier, or the tier is full of ``keep``).
         """
-        size = self.region_size(entry)
+        align = self.allocator.align
+        placed = entry_layout(entry, align)  # offsets in the region, its size
+        size = placed[1]
         self.remove(entry.key)
         kept = sum(self._entries[k].size for k in keep if k in self._entries)
         if size > self.allocator.free_bytes + self.used - kept:  # used - kept: evictable
@@ -356,29 +354,32 @@ class DeviceTier:
             demote(victim, res.entry)
             self.remove(victim)
         pool = self._ensure_pool()
-        # K, then V, then a compressed entry's scales, each aligned
-        sources = entry_tensors(entry)
-        views: dict[str, torch.Tensor] = {}
-        offsets: dict[str, int] = {}
-        at = offset
-        for name, t in sources.items():
-            views[name] = _view(pool, at, t)
-            offsets[name] = at
-            at += self.allocator.round(_nbytes(t))
-        v_offset = offset + self.allocator.round(_nbytes(entry.k))
+        # K, then V, then a compressed entry's scales, each aligned: the host tier's layout,
+        # so an entry from there (one region) crosses as one copy
+        offsets = {name: offset + at for name, at in placed[0].items()}
+        region = pool[offset : offset + size]
+        source = region_of(entry, align, placed)
+        resident = views(region, entry, align, placed)
+        copies = (
+            [(region, source)]
+            if source is not None
+            else list(
+                zip(entry_tensors(resident).values(), entry_tensors(entry).values(), strict=True)
+            )
+        )
         ready = None
         if self._stream is not None:
             # the region's last readers ran on the current stream: copy in after them
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self._stream):
-                for name, t in sources.items():
-                    views[name].copy_(t, non_blocking=True)
+                for dst, src in copies:
+                    dst.copy_(src, non_blocking=True)
             ready = torch.cuda.Event()
             ready.record(self._stream)
         else:
-            for name, t in sources.items():
-                views[name].copy_(t)
-        resident = with_tensors(entry, views)
+            for dst, src in copies:
+                dst.copy_(src)
+        v_offset = offsets["v"]
         layers, tokens, heads, dim = entry.k.shape
         layout: EntryLayout | None = (entry.k.dtype, layers, heads, dim)
         packed: PackedLayout | None = None
@@ -420,15 +421,6 @@ class DeviceTier:
                 self._stream = torch.cuda.Stream(device=self.device)
             self._pool = torch.empty(self.budget, dtype=torch.uint8, device=self.device)
         return self._pool
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
-def _view(pool: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
-    """A tensor shaped and typed like ``like`` over ``pool[offset:]`` (offset aligned)."""
-    return pool[offset : offset + _nbytes(like)].view(like.dtype).view(like.shape)
 
 
 def device_tier(gpu_bytes: int, device: torch.device | str | None) -> DeviceTier | None:

@@ -53,3 +53,55 @@ def test_compressed_entries_cross_to_the_pool_as_codes_and_expand_there(tmp_path
         # the same float32 arithmetic on either device (FMA or not), one rounding to bf16
         for got, want in ((on_gpu.k.cpu(), on_cpu.k), (on_gpu.v.cpu(), on_cpu.v)):
             torch.testing.assert_close(got, want, rtol=2**-7, atol=1e-6)
+
+
+def test_pinned_host_regions_cross_to_the_pool_as_one_copy_each_bit_for_bit(tmp_path):
+    """Every scheme: host RAM holds each entry as one pinned region laid out as the pool's, a
+    prefetch copies it in as ONE asynchronous copy, an eviction copies it back out as one, and
+    the pool holds the same bits whether the entry came from host RAM or from its file."""
+    from inferscale_core.kvstore.quant import entry_tensors
+    from inferscale_core.kvstore.region import region_of
+
+    g = torch.Generator().manual_seed(11)
+    k = torch.randn(32, 49, 8, 128, generator=g).to(torch.bfloat16)  # the 8B shape, bf16
+    v = torch.randn(32, 49, 8, 128, generator=g).to(torch.bfloat16)
+    for scheme in ("model", "fp8", "int4"):
+        root = tmp_path / scheme
+        writer = KVStore(root, 1 << 30, fingerprint="fp1", store_dtype=scheme)
+        for key in "abc":
+            writer.put(FactKV(key, list(range(49)), k.cuda(), v.cuda(), "fp1"))
+        hosted = writer.get("a")  # written through from the GPU into one pinned region
+        region = region_of(hosted)
+        assert region is not None and region.is_pinned()
+        size = region.numel()
+        store = KVStore(root, 1 << 30, gpu_bytes=2 * size, device="cuda", fingerprint="fp1")
+        from_disk = store.get("a")  # read from the file straight into a pinned region
+        assert region_of(from_disk) is not None and region_of(from_disk).is_pinned()
+        store.get("b")
+        store.get("c")
+        copies = []
+        real_copy = torch.Tensor.copy_
+
+        def counted(self, src, non_blocking=False, copies=copies, real_copy=real_copy):
+            copies.append((self.device.type, src.device.type, self.numel()))
+            return real_copy(self, src, non_blocking)
+
+        torch.Tensor.copy_ = counted
+        try:
+            store.prefetch(["a", "b"])
+            assert copies == [("cuda", "cpu", size)] * 2, (scheme, copies)
+            copies.clear()
+            store.host_tier.pop("a")  # a lives in the pool only now
+            store.prefetch(["c"])  # evicts a: copied out as one region, then c in as one
+            assert copies == [("cpu", "cuda", size), ("cuda", "cpu", size)], (scheme, copies)
+        finally:
+            torch.Tensor.copy_ = real_copy
+        demoted = store.get("a")
+        assert region_of(demoted) is not None and region_of(demoted).is_pinned()
+        for name, t in entry_tensors(hosted).items():
+            assert torch.equal(entry_tensors(demoted)[name], t), (scheme, name)
+        pooled = store.get("c")  # views of the pool, after the copy in (ordered by get)
+        pool_region = region_of(pooled)
+        assert pool_region is not None and pool_region.is_cuda
+        assert torch.equal(pool_region.cpu(), region_of(store.host_tier.get("c")))
+        torch.cuda.synchronize()
