@@ -172,8 +172,9 @@ def _worker(monkeypatch, store: KVStore, rank: int, layer_heads: int = 2):
     spec = ModelSpec.from_hf_config(config)
     layers = [(f"model.layers.{i}.self_attn.attn", _FakeLayer(layer_heads)) for i in range(2)]
     monkeypatch.setattr(worker_side, "attention_layers", lambda _: layers)
-    vllm_config = SimpleNamespace(
-        cache_config=SimpleNamespace(block_size=BS), model_config=SimpleNamespace(max_model_len=64)
+    vllm_config = SimpleNamespace(  # the fields of vLLM's config the worker reads
+        cache_config=SimpleNamespace(block_size=BS, cache_dtype="auto"),
+        model_config=SimpleNamespace(max_model_len=64, dtype=torch.float32),
     )
     worker = worker_side.InjectionWorker(vllm_config, store, spec, "auto", rank, 2)
     return worker, [layer for _, layer in layers], spec
