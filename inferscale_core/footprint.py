@@ -25,7 +25,8 @@ def footprint(
     config: AppConfig,
     store: KVStore | None = None,
 ) -> dict[str, Any]:
-    """The report (JSON-shaped): ``facts``, ``kv_store_dtype`` and what it writes as,
+    """The report (JSON-shaped): ``facts``, ``kv_store_dtype`` and what it writes as, the
+    engine's ``kv_cache_dtype``,
     ``disk_bytes``/``disk_free_bytes``, ``kv_disk_budget``, ``deferred_facts`` (by reason),
     ``models`` (one row per model folder under ``kv_root`` with entries: entries, bytes on
     disk, per entry and per token, per stored dtype, the bytes the budget counts and the
@@ -59,6 +60,7 @@ def footprint(
         "facts": len(factlog.active_facts(profile_id)),
         "kv_store_dtype": config.kv_store_dtype,
         "writes_as": config.store_dtype,
+        "kv_cache_dtype": config.kv_cache_dtype,  # the engine's cache (fp8: a store of its own)
         "disk_bytes": sum(m["disk_bytes"] for m in models),
         "disk_free_bytes": free,
         "kv_disk_budget": config.kv_disk_budget,

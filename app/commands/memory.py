@@ -256,6 +256,7 @@ def run_stats(log: FactLog, pid: int, args: argparse.Namespace, console: Console
     out.print(
         f"{report['facts']} memories in profile {escape(report['profile'])};"
         f" KV entries kept as {config.store_dtype} (kv_store_dtype = {config.kv_store_dtype})"
+        + ("; the engine's KV cache is fp8" if config.kv_cache_dtype == "fp8" else "")
     )
     table = Table(title="KV entries on disk (all profiles), per model", title_justify="left")
     for name in ("model", "entries", "on disk", "per entry", "per token", "stored as", "budget"):

@@ -148,6 +148,7 @@ def test_memory_stats_counts_memories_and_the_disk_their_kv_takes(home, capsys):
     report = json.loads(out)
     assert report["facts"] == 3 and report["kv_store_dtype"] == "auto"
     assert report["writes_as"] == "int4"
+    assert report["kv_cache_dtype"] == "auto"
     models = {m["fingerprint"]: m for m in report["models"]}
     assert models["fp0"]["entries"] == 1 and models["fp0"]["by_dtype"]["model"]["entries"] == 1
     int4 = models["fp1"]
