@@ -50,6 +50,11 @@ class ConversationsMixin(FactLogBase):
             create_profile_index(self.db, profile_id)  # its own keyword index (fulltext.py)
             return profile_id
 
+    def profiles(self) -> dict[str, int]:
+        """``{name: id}`` of every profile, by name."""
+        rows = self.db.execute("SELECT name, id FROM profiles ORDER BY name").fetchall()
+        return {name: pid for name, pid in rows}
+
     # -- writing conversations and turns ----------------------------------------------------
 
     def add_conversation(self, profile_id: int, conv: Conversation) -> tuple[int, int]:

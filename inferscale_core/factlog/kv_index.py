@@ -140,6 +140,17 @@ class KVIndexMixin(FactLogBase):
         ).fetchall()
         return [(r[0], r[1]) for r in rows]
 
+    def kv_locations(self) -> dict[str, list[str]]:
+        """``{model fingerprint: keys}`` of every KV entry recorded, all profiles, sorted (what
+        a backup copies from each model's store)."""
+        found: dict[str, list[str]] = {}
+        for fingerprint, location in self.db.execute(
+            "SELECT DISTINCT model_fingerprint, location FROM kv_entries"
+            " ORDER BY model_fingerprint, location"
+        ).fetchall():
+            found.setdefault(fingerprint, []).append(location)
+        return found
+
     def drop_kv_locations(self, locations: Sequence[str]) -> list[int]:
         """Forget the rows of entries whose tensors are gone (a damaged file the store
         deleted), so their facts count as not encoded and are encoded again; returns those
