@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.markup import escape
 
-from app.commands import ask, bench, chat, doctor, imports, memory, models, serve
+from app.commands import ask, backup, bench, chat, doctor, imports, memory, models, serve
 
 DESCRIPTION = """\
 A private, local, long-term assistant. Memories are kept as pre-RoPE KV tensors and injected
@@ -37,6 +37,7 @@ examples:
   inferscale-assistant models add llama3.2:1b && inferscale-assistant ask --model llama3.2:1b "…"
   inferscale-assistant models list
   inferscale-assistant users add ana && inferscale-assistant serve --port 8000
+  inferscale-assistant backup --encrypt ~/memory.isbak   # later: restore ~/memory.isbak
 """
 
 
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         doctor.register,
         models.register,
         serve.register,
+        backup.register,
     ):
         register(sub)
     return parser
