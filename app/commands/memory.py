@@ -1,18 +1,22 @@
-"""``inferscale-assistant memory list|search|forget|export|stats``: the memory without the UI.
+"""``inferscale-assistant memory list|search|forget|export|stats|prune``: the memory without
+the UI.
 
 Works on the fact log at ``data_dir()/memory.db`` and the config's profile (``--profile``
 overrides it); no engine is started. ``search`` runs the chat's own retrieval (MiniLM and the
 fact log's BM25 index, fused as a reply's memories are: ``wiring.make_retriever``) and shows
 each hit with its score, date, validity and the turn it came from. ``forget`` removes a fact
 everywhere the TUI's memory browser does: the log (text, embeddings, KV rows, in one
-transaction) and the KV tensor files.
+transaction) and the KV tensor files. ``prune --model`` drops another model's KV entries
+(rows, then files); facts are never touched.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import sys
 from datetime import UTC, date, datetime, time
 from pathlib import Path
@@ -28,11 +32,13 @@ from inferscale_core.factlog import FactLog
 from inferscale_core.types import Fact
 
 if TYPE_CHECKING:
+    from inferscale_core.config import AppConfig
     from inferscale_core.types import Hit, Turn
 
 FORGET_CAUSE = "forgotten with `inferscale-assistant memory forget`"
 EXCERPT_CHARS = 80  # of a hit's source turn
 SEARCH_MODES = ("hybrid", "dense", "keyword")  # inferscale_core.retriever.MODES, without torch
+FINGERPRINT = re.compile(r"[0-9a-f]{16}")  # inferscale_core.fingerprint.model_fingerprint
 
 
 def _profile(args: argparse.Namespace, console: Console) -> str | None:
@@ -285,6 +291,119 @@ def run_stats(log: FactLog, pid: int, args: argparse.Namespace, console: Console
     return 0
 
 
+def _current_fingerprint(config: AppConfig) -> tuple[str | None, str]:
+    """The fingerprint of the model in use (the config's), or None and why it is not known."""
+    from inferscale_core.fingerprint import model_fingerprint
+    from inferscale_core.model_files import ModelSetupError, prepared_model
+
+    try:
+        folder = prepared_model(config.model)
+    except ModelSetupError as exc:
+        return None, str(exc).split("\n")[0]
+    if folder is None:
+        return None, "the configured model is not prepared yet (`inferscale-assistant doctor`)"
+    return model_fingerprint(folder, config.kv_cache_dtype), ""
+
+
+def _prune_targets(text: str) -> list[str]:
+    """The store fingerprints ``--model`` names: a fingerprint as it is; a model (folder, GGUF
+    or added name) as its fingerprints, one per KV cache dtype (each has a store of its own).
+    Raises ModelSetupError for a name that is neither."""
+    from inferscale_core.config import KV_CACHE_DTYPES
+    from inferscale_core.fingerprint import model_fingerprint
+    from inferscale_core.model_files import ModelSetupError, prepared_model
+
+    if FINGERPRINT.fullmatch(text) or (
+        text == Path(text).name and (paths.kv_dir() / text).is_dir()
+    ):
+        return [text]
+    folder = prepared_model(text)
+    if folder is None:  # a GGUF never dequantized has never run: it has no entries
+        raise ModelSetupError(f"{text!r} was never prepared, so it has no KV entries")
+    return [model_fingerprint(folder, dtype) for dtype in KV_CACHE_DTYPES]
+
+
+def run_prune(log: FactLog, pid: int, args: argparse.Namespace, console: Console) -> int:
+    """Drop another model's KV entries: rows (one transaction), then files. Facts stay."""
+    from inferscale_core.footprint import size_text
+    from inferscale_core.kvstore.entry_file import usage
+    from inferscale_core.model_files import ModelSetupError
+
+    config = load_config(console)
+    if config is None:
+        return 2
+    try:
+        targets = _prune_targets(args.model)
+    except ModelSetupError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc).splitlines()[0])}")
+        return 2
+    current, why = _current_fingerprint(config)
+    if current is None:
+        console.print(f"[red]error:[/red] cannot tell which model is in use: {escape(why)}")
+        return 2
+    if current in targets:
+        console.print(
+            f"[red]error:[/red] {escape(args.model)} is the model in use ({current}): its KV"
+            " entries serve every reply. Change `model` in the settings first."
+        )
+        return 2
+    plan = []  # (fingerprint, files, file bytes, rows)
+    for fingerprint in targets:
+        folder = paths.kv_dir() / fingerprint
+        found = usage(folder) if folder.is_dir() else None
+        rows, _ = log.kv_rows(fingerprint)
+        if found is not None and found.entries or rows:
+            plan.append(
+                (fingerprint, found.entries if found else 0, found.file_bytes if found else 0, rows)
+            )
+    if not plan:
+        stores = sorted(
+            p.name for p in paths.kv_dir().iterdir() if p.is_dir() and p.name != current
+        )
+        others = ", ".join(stores) or "none"
+        console.print(
+            f"no KV entries for {escape(args.model)} ({', '.join(targets)}): nothing to prune."
+            f" Stores of other models: {others} (in use: {current})"
+        )
+        return 0
+    table = Table(title="KV entries to drop (facts stay)", title_justify="left")
+    for name in ("model", "entries", "on disk", "recorded rows"):
+        table.add_column(name, justify="left" if name == "model" else "right")
+    for fingerprint, files, nbytes, rows in plan:
+        table.add_row(fingerprint, str(files), size_text(nbytes), str(rows))
+    Console().print(table)
+    if args.dry_run:
+        console.print("dry run: nothing deleted")
+        return 0
+    if not args.yes:
+        if not sys.stdin.isatty():
+            console.print("[red]error:[/red] not a terminal: pass --yes to confirm")
+            return 2
+        answer = console.input("Delete these KV entries? They are rebuilt if needed. [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            console.print("nothing deleted")
+            return 1
+    from inferscale_core.kvstore import KVStore
+
+    for fingerprint, _, _, _ in plan:
+        rows = len(log.drop_model_kv(fingerprint))  # rows first: a crash leaves only files
+        folder = paths.kv_dir() / fingerprint
+        files, freed = 0, 0
+        if folder.is_dir():
+            store = KVStore(folder)
+            for key in list(store.keys()):  # noqa: SIM118 - a KVStore, not a dict
+                size = store.path(key).stat().st_size
+                if store.delete(key):
+                    files, freed = files + 1, freed + size
+            with contextlib.suppress(OSError):  # left if something else is in it
+                folder.rmdir()
+        console.print(
+            f"pruned {fingerprint}: {files} KV entries deleted, {size_text(freed)} freed"
+            f" ({rows} recorded keys dropped)"
+        )
+    return 0
+
+
 def _run(args: argparse.Namespace, console: Console) -> int:
     profile = _profile(args, console)
     if profile is None:
@@ -314,7 +433,7 @@ def _day(text: str) -> date:
 def register(sub: argparse._SubParsersAction) -> None:
     memory = sub.add_parser(
         "memory",
-        help="list, search, forget or export memories (no engine needed)",
+        help="list, search, forget, export memories, prune KV (no engine needed)",
         description="The long-term memory, without the UI. Forgetting removes a memory from"
         " the log, its search embedding and every stored KV tensor; the audit keeps a record.",
     )
@@ -390,3 +509,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     stats.add_argument("--json", action="store_true", help="print JSON instead of a table")
     stats.set_defaults(func=_run, action=run_stats)
+    prune = actions.add_parser(
+        "prune",
+        help="drop another model's KV entries (asks first)",
+        description="Delete the stored KV entries of a model you no longer use: their files"
+        " under the data folder's kv/<fingerprint>/ and their rows in the fact log. Memories"
+        " are not touched (a model's entries are rebuilt from their text when it is used"
+        " again). The model in use is refused. `memory stats` lists the models' fingerprints.",
+    )
+    prune.add_argument(
+        "--model",
+        required=True,
+        metavar="NAME_OR_FINGERPRINT",
+        help="a fingerprint (as `memory stats` shows it), or a model folder, .gguf or added name",
+    )
+    prune.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    prune.add_argument("--dry-run", action="store_true", help="show what would go, delete nothing")
+    prune.set_defaults(func=_run, action=run_prune)

@@ -151,6 +151,29 @@ class KVIndexMixin(FactLogBase):
             found.setdefault(fingerprint, []).append(location)
         return found
 
+    def kv_rows(self, model_fingerprint: str) -> tuple[int, int]:
+        """``(rows, bytes recorded)`` of one model's entries, every profile and encoding."""
+        rows, nbytes = self.db.execute(
+            "SELECT count(*), COALESCE(SUM(nbytes), 0) FROM kv_entries WHERE model_fingerprint = ?",
+            (model_fingerprint,),
+        ).fetchone()
+        return int(rows), int(nbytes)
+
+    def drop_model_kv(self, model_fingerprint: str) -> list[str]:
+        """Delete every row of one model's entries (another model's: ``memory prune``), in one
+        transaction; returns their keys, sorted. The caller deletes the files *after* this
+        returns (a crash in between leaves files no row names, never a row without its file).
+        Facts are not touched; deferrals are not per model and stay."""
+        with self.transaction():
+            rows = self.db.execute(
+                "SELECT DISTINCT location FROM kv_entries WHERE model_fingerprint = ?",
+                (model_fingerprint,),
+            ).fetchall()
+            self.db.execute(
+                "DELETE FROM kv_entries WHERE model_fingerprint = ?", (model_fingerprint,)
+            )
+        return sorted(r[0] for r in rows)
+
     def drop_kv_locations(self, locations: Sequence[str]) -> list[int]:
         """Forget the rows of entries whose tensors are gone (a damaged file the store
         deleted), so their facts count as not encoded and are encoded again; returns those
