@@ -243,7 +243,8 @@ def check_store(
                 "KV store",
                 "warn",
                 f"{root}: {detail}; {len(stale)} for other models",
-                f"delete {root}/<fingerprint> for models you no longer use (current: {current})",
+                f"inferscale-assistant memory prune --model {stale[0]}"
+                f" (models you no longer use; current: {current})",
             )
     return Check("KV store", "ok", f"{root}: {detail}")
 
