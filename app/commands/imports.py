@@ -127,6 +127,9 @@ def report_table(report: ImportReport) -> Table:
     table.add_column("format")
     table.add_column("conversations", justify="right")
     table.add_column("turns added", justify="right")
+    memories = report.facts_added > 0
+    if memories:
+        table.add_column("memories added", justify="right")
     table.add_column("reason / moved to")
     for f in report.files:
         note = f.reason if f.reason else (str(f.moved_to) if f.moved_to else "")
@@ -136,6 +139,7 @@ def report_table(report: ImportReport) -> Table:
             f.format or "",
             f"{f.conversations:,}",
             f"{f.turns_added:,}",
+            *([f"{f.facts_added:,}"] if memories else []),
             escape(note),
         )
     return table
@@ -147,7 +151,8 @@ def summary(report: ImportReport) -> str:
         f"{report.files_seen} files: {len(report.imported)} imported, "
         f"{len(report.skipped)} skipped, {len(report.quarantined)} quarantined; "
         f"{report.conversations:,} conversations, {report.turns_added:,} turns added "
-        f"in {report.seconds:.2f} s ({report.turns_per_s:,.0f} turns/s)"
+        + (f"and {report.facts_added:,} memories " if report.facts_added else "")
+        + f"in {report.seconds:.2f} s ({report.turns_per_s:,.0f} turns/s)"
     )
 
 
@@ -158,6 +163,8 @@ def line(result: FileResult) -> str:
         first = (result.reason or "").splitlines()[0] if result.reason else ""
         where = f" (details in {result.moved_to}{REASON_SUFFIX})" if result.moved_to else ""
         return f"{_STYLES['quarantined']} {name}: {escape(first)}{escape(where)}"
+    if result.format == "memories":
+        return f"{_STYLES[result.status]} {name}: {result.facts_added:,} new memories"
     return (
         f"{_STYLES[result.status]} {name}: {result.conversations:,} conversations, "
         f"{result.turns_added:,} new turns"
@@ -167,12 +174,17 @@ def line(result: FileResult) -> str:
 def register(sub: argparse._SubParsersAction) -> None:
     imp = sub.add_parser(
         "import",
-        help="import chat exports (ChatGPT, Claude, WhatsApp, JSONL, Markdown, LoCoMo)",
+        help="import chat exports (ChatGPT, Claude, WhatsApp, JSONL, Markdown, LoCoMo) or a"
+        " memory export",
         description="Import a file or a folder of chat exports into the memory. Files already"
         " imported (same content) are skipped; a grown export imports only what is new. Bad"
-        " files are reported with the reason (and quarantined when they come from the inbox).",
+        " files are reported with the reason (and quarantined when they come from the inbox)."
+        " A file written by `memory export` adds its memories (text, the day each is about,"
+        " when it was learnt) to the profile: --profile moves memories between profiles;"
+        " memories the profile has already are not added twice.",
     )
     imp.add_argument("path", type=Path, help="an export file or a folder of them")
+    imp.add_argument("--profile", help="into whose memory (default: the config's profile)")
     imp.add_argument(
         "--encode",
         action="store_true",
@@ -194,12 +206,15 @@ def _run_import(args: argparse.Namespace, console: Console) -> int:
     config = load_config(console)
     if config is None:
         return 2
-    code = run_import(args.path, console, config.profile, paths.inbox_dir(config.inbox))
+    profile = args.profile or config.profile
+    code = run_import(args.path, console, profile, paths.inbox_dir(config.inbox))
     if not args.encode:
         return code
+    import dataclasses
+
     from app.commands.encode import encode_pending
 
-    return max(code, encode_pending(config, console))
+    return max(code, encode_pending(dataclasses.replace(config, profile=profile), console))
 
 
 def _run_watch(args: argparse.Namespace, console: Console) -> int:

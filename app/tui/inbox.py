@@ -90,6 +90,8 @@ def inbox_note(result: FileResult) -> tuple[str, str]:
     if result.status == "skipped":
         moved = f" (moved to {IMPORTED_DIR}/)" if result.moved_to else ""
         return f"Inbox: {name} was already imported{moved}.", "information"
+    if result.format == "memories":
+        return f"Inbox: imported {name}: {result.facts_added:,} new memories.", "information"
     return (
         f"Inbox: imported {name}: {result.conversations:,} conversations, "
         f"{result.turns_added:,} new turns (memories are extracted in the background).",

@@ -57,6 +57,7 @@ class FactsMixin(ValidityMixin, AuditMixin, KVIndexMixin, EmbeddingsMixin, Reply
         cause: str | None = None,
         *,
         allow_forgotten: bool = False,
+        created_at: datetime | None = None,
     ) -> tuple[int, bool]:
         """Add a fact; return ``(fact_id, created)``.
 
@@ -66,7 +67,9 @@ class FactsMixin(ValidityMixin, AuditMixin, KVIndexMixin, EmbeddingsMixin, Reply
         ``allow_forgotten`` is false, nothing is added and the forgotten fact's id is returned
         with ``created=False``; pass ``allow_forgotten=True`` when the user deliberately tells
         it again. ``cause`` defaults to "extracted from turn(s) ..." or "added". The audit row
-        is written in the same transaction.
+        is written in the same transaction. ``created_at`` (aware) keeps the day a fact was
+        first learnt when it is moved in from elsewhere (an imported ``memory export``);
+        default now.
         """
         text = text.strip()
         if not normalize_fact_text(text):
@@ -106,7 +109,12 @@ class FactsMixin(ValidityMixin, AuditMixin, KVIndexMixin, EmbeddingsMixin, Reply
                     logger.debug("not re-adding forgotten fact %d", gone)
                     return gone, False
             now = utc_now()
-            fid = self._insert_fact(profile_id, text, h, ref, turn_ids, None, now)
+            born = now
+            if created_at is not None:
+                if created_at.tzinfo is None:
+                    raise ValueError(f"created_at must be aware, got {created_at!r}")
+                born = created_at.astimezone(UTC).isoformat(timespec="microseconds")
+            fid = self._insert_fact(profile_id, text, h, ref, turn_ids, None, now, born)
             self._audit(profile_id, fid, "add", cause, None, text, now)
         return fid, True
 
@@ -221,6 +229,7 @@ class FactsMixin(ValidityMixin, AuditMixin, KVIndexMixin, EmbeddingsMixin, Reply
         turn_ids: list[int],
         supersedes: int | None,
         now: str,
+        created_at: str | None = None,
     ) -> int:
         context = search_context(self.db, refers_to, turn_ids)
         return self.db.execute(
@@ -234,7 +243,7 @@ class FactsMixin(ValidityMixin, AuditMixin, KVIndexMixin, EmbeddingsMixin, Reply
                 refers_to,
                 json.dumps(turn_ids),
                 supersedes,
-                now,
+                created_at or now,
                 now,
                 context,
             ),

@@ -6,11 +6,12 @@ Use :func:`parse_file` (detects the format) or a format's own ``parse(path)``::
         ...
 
 Formats (one module each, registered in ``_MODULES``): ``chatgpt``, ``claude``, ``locomo``,
-``jsonl``, ``whatsapp``, ``markdown``. The import pipeline (:mod:`.pipeline`) stores what they parse
-in the fact log; the inbox watcher (:mod:`.watcher`) feeds it files as they arrive. The format is
-detected from the *content* of the first 64 KB (:func:`detect_format`); the file name only breaks
-ties between formats whose content checks both pass. Big JSON exports are streamed, one conversation
-at a time.
+``jsonl``, ``whatsapp``, ``markdown``, and ``memories`` (our own ``memory export``: facts, not
+conversations; the pipeline reads them with ``memories.parse_facts``). The import pipeline
+(:mod:`.pipeline`) stores what they parse in the fact log; the inbox watcher (:mod:`.watcher`)
+feeds it files as they arrive. The format is detected from the *content* of the first 64 KB
+(:func:`detect_format`); the file name only breaks ties between formats whose content checks
+both pass. Big JSON exports are streamed, one conversation at a time.
 
 Errors: every problem caused by the file's bytes is one of two ``ValueError`` subclasses —
 :class:`UnsupportedExportError` (no format matched; the message lists each format tried and
@@ -31,7 +32,15 @@ import re
 from collections.abc import Callable, Iterator
 from types import MappingProxyType
 
-from inferscale_core.importers import chatgpt, claude, jsonl, locomo, markdown, whatsapp
+from inferscale_core.importers import (
+    chatgpt,
+    claude,
+    jsonl,
+    locomo,
+    markdown,
+    memories,
+    whatsapp,
+)
 from inferscale_core.importers._common import as_path
 from inferscale_core.importers._sniff import Sample, take_sample
 from inferscale_core.importers.errors import MalformedExportError, UnsupportedExportError
@@ -48,7 +57,7 @@ __all__ = [
 #: The format modules, in detection priority order (earlier wins a tie the file name does not
 #: settle). Each has ``FORMAT`` (its name), ``check(sample) -> reason | None`` and
 #: ``parse(path) -> Iterator[Conversation]``: adding a format is one entry here.
-_MODULES = (chatgpt, claude, locomo, jsonl, whatsapp, markdown)
+_MODULES = (chatgpt, claude, locomo, jsonl, whatsapp, markdown, memories)
 
 FORMATS: tuple[str, ...] = tuple(module.FORMAT for module in _MODULES)
 _CHECKS: MappingProxyType[str, Callable[[Sample], str | None]] = MappingProxyType(

@@ -14,6 +14,7 @@ FORMAT_NAMES = {
     "jsonl": "JSON Lines",
     "whatsapp": "WhatsApp",
     "markdown": "Markdown",
+    "memories": "memory",
 }
 
 #: What a person can do about a malformed file, per format (the default: edit it).
@@ -27,13 +28,16 @@ _REDO = {
     "jsonl": 'Correct that line in a text editor (one JSON object per line, with "role" and'
     ' "content") and import the file again.',
     "locomo": "Import an unchanged copy of the LoCoMo data file.",
+    "memories": "Export the memories again (`inferscale-assistant memory export -o FILE`) and"
+    " import the new file; nothing of this one was added.",
 }
 _EDIT = "Correct that spot in a text editor and import the file again."
 
 #: What the importers read, and what to give them instead of an unsupported file.
 _EXPECTED = (
     "Import a ChatGPT or Claude export (conversations.json), a WhatsApp chat export (.txt), or"
-    ' the chat saved as Markdown ("Name: text" lines) or JSON Lines.'
+    ' the chat saved as Markdown ("Name: text" lines) or JSON Lines, or a file written by'
+    " `inferscale-assistant memory export`."
 )
 
 

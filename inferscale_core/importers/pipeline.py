@@ -30,6 +30,10 @@ Decisions:
   Conversations parsed before a malformed spot stay stored (they are valid); fixing the file
   and importing it again adds the rest. Any other exception (a full disk, a
   parser bug) stops the batch: it is not the file's fault, so the file is not quarantined.
+* **Memory exports** (``memories``: our own ``memory export``) hold facts, not conversations:
+  they are checked whole (:func:`~inferscale_core.importers.memories.parse_facts`), then added
+  in one transaction with :meth:`FactLog.add_fact` (one active fact per text in a profile), so
+  a second import adds nothing and a damaged one adds nothing and is quarantined.
 * **Moves**: only files directly in ``inbox_root``; a file given by a path elsewhere is never
   moved. A file that changed while it was imported stays in the inbox, so its new content is
   picked up next time. Name clashes in the target folder get `` (2)``, `` (3)``, … suffixes.
@@ -53,6 +57,7 @@ from inferscale_core.importers import (
     MalformedExportError,
     UnsupportedExportError,
     detect_format,
+    memories,
     parse_file,
 )
 from inferscale_core.types import Conversation, Turn
@@ -80,6 +85,7 @@ class FileResult:
     sha256: str | None = None
     conversations: int = 0  # conversations read from the file
     turns_added: int = 0
+    facts_added: int = 0  # memories added (a memory export)
     reason: str | None = None  # why it was quarantined
     moved_to: Path | None = None
     seconds: float = 0.0
@@ -115,6 +121,10 @@ class ImportReport:
     @property
     def turns_added(self) -> int:
         return sum(f.turns_added for f in self.files)
+
+    @property
+    def facts_added(self) -> int:
+        return sum(f.facts_added for f in self.files)
 
     @property
     def turns_per_s(self) -> float:
@@ -258,6 +268,8 @@ class Importer:
                 result.status = "skipped"
             else:
                 result.format = detect_format(path)
+                if result.format == memories.FORMAT:
+                    result.facts_added = self._add_facts(path)
                 for conv in parse_file(path, result.format):
                     result.turns_added += self._add(conv)
                     result.conversations += 1
@@ -291,6 +303,24 @@ class Importer:
             conversations=result.conversations,
             turns_added=result.turns_added,
         )
+
+    def _add_facts(self, path: Path) -> int:
+        """Add a memory export's facts (checked whole first) in one transaction; return how
+        many were new."""
+        facts = memories.parse_facts(path)
+        cause = f"imported from {path.name} (memory export)"
+        added = 0
+        with self.factlog.transaction():
+            for fact in facts:
+                _, created = self.factlog.add_fact(
+                    self.profile_id,
+                    fact.text,
+                    fact.refers_to,
+                    cause=cause,
+                    created_at=fact.created_at,
+                )
+                added += created
+        return added
 
     # -- one conversation -----------------------------------------------------------------
 

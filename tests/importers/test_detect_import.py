@@ -27,6 +27,7 @@ EXPECTED = {
     "locomo/locomo_mini.json": "locomo",
     "markdown/transcript.md": "markdown",
     "markdown/notes.txt": "markdown",
+    "memories/memories.json": "memories",
     "whatsapp/WhatsApp Chat - Alice Smith/_chat.txt": "whatsapp",
     "whatsapp/WhatsApp Chat with Familia.txt": "whatsapp",
     "whatsapp/android_us.txt": "whatsapp",

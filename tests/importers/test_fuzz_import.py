@@ -25,6 +25,8 @@ from inferscale_core.importers import (
     FORMATS,
     MalformedExportError,
     UnsupportedExportError,
+    detect_format,
+    memories,
     parse_file,
 )
 from inferscale_core.types import Conversation, Turn
@@ -59,8 +61,9 @@ SEEDS: dict[str, list[Path]] = {
         FIXTURES / "whatsapp" / "android_us.txt",
     ],
     "markdown": [FIXTURES / "markdown" / "transcript.md", FIXTURES / "markdown" / "notes.txt"],
+    "memories": [FIXTURES / "memories" / "memories.json"],
 }
-JSON_FORMATS = ("chatgpt", "claude", "locomo", "jsonl")
+JSON_FORMATS = ("chatgpt", "claude", "locomo", "jsonl", "memories")
 
 #: Byte strings worth inserting: JSON syntax, bad UTF-8, WhatsApp marks, numbers out of range.
 TOKENS = [
@@ -78,6 +81,7 @@ KEYS = [
     "recipient", "text", "title", "id", "conversation_id", "chat_messages", "sender", "type",
     "created_at", "uuid", "name", "speaker", "timestamp", "conversation", "qa", "sample_id",
     "speaker_a", "speaker_b", "session_1", "session_1_date_time", "dia_id", "blip_caption",
+    "facts", "exported_at", "refers_to", "profile",
 ]  # fmt: skip
 
 JSON_VALUES = st.recursive(
@@ -96,14 +100,19 @@ JSON_VALUES = st.recursive(
 
 
 def consume(path: Path, fmt: str | None = None) -> None:
-    """Parse ``path`` completely; only the two importer errors may escape."""
+    """Parse ``path`` completely (a memory export's facts too); only the two importer errors
+    may escape."""
     try:
+        fmt = fmt or detect_format(path)
         for conv in parse_file(path, fmt):
             assert isinstance(conv, Conversation) and isinstance(conv.title, str)
             for turn in conv.turns:
                 assert isinstance(turn, Turn)
                 assert isinstance(turn.speaker, str) and isinstance(turn.text, str)
                 assert turn.timestamp is None or isinstance(turn.timestamp, datetime)
+        if fmt == memories.FORMAT:
+            for fact in memories.parse_facts(path):
+                assert isinstance(fact.text, str) and fact.text.strip()
     except (UnsupportedExportError, MalformedExportError) as exc:
         assert str(exc)  # the message can be built
 
@@ -153,6 +162,8 @@ def _load_records(seed: Path) -> tuple[object, bool]:
     """The seed as JSON: a list (array file) or the list of line objects (JSON Lines)."""
     text = seed.read_text(encoding="utf-8")
     if text.lstrip().startswith("["):
+        return json.loads(text), False
+    if seed.parent.name == "memories":  # one object
         return json.loads(text), False
     return [json.loads(line) for line in text.splitlines() if line.strip()], True
 
