@@ -42,14 +42,17 @@ class KVIndexMixin(FactLogBase):
         encoder_version: str | int,
         limit: int | None = None,
     ) -> list[Fact]:
-        """Active facts of the profile with no KV entry for this (model, w, encoder), by id;
-        deferred facts (:meth:`defer_kv`) are left out."""
+        """Active facts of the profile with no KV entry for this (model, w, encoder): the most
+        recently injected first (by any entry's ``used_at``: after a model switch, or a new
+        window or encoder, the facts the person uses are encoded again first), then the
+        never-injected by id; deferred facts (:meth:`defer_kv`) are left out."""
         rows = self.db.execute(
             f"SELECT {FACT_COLUMNS} FROM facts f WHERE profile_id = ? AND status = 'active'"
             " AND NOT EXISTS (SELECT 1 FROM kv_deferred d WHERE d.fact_id = f.id)"
             " AND NOT EXISTS (SELECT 1 FROM kv_entries k WHERE k.fact_id = f.id"
             " AND k.model_fingerprint = ? AND k.w = ? AND k.encoder_version = ?)"
-            " ORDER BY id LIMIT ?",
+            " ORDER BY (SELECT COALESCE(MAX(u.used_at), '') FROM kv_entries u"
+            " WHERE u.fact_id = f.id) DESC, id LIMIT ?",
             (
                 profile_id,
                 model_fingerprint,

@@ -955,3 +955,21 @@ def test_opening_a_new_log_waits_for_another_connections_write_to_switch_to_wal(
         assert log.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert log.profile("default") > 0
     holder.close()
+
+
+def test_after_a_model_switch_the_most_recently_used_facts_are_encoded_first(log):
+    """facts_without_kv for the new model: by the last injection of any model's entry, newest
+    first; facts never injected after them, by id."""
+    p = log.profile()
+    ids = [log.add_fact(p, f"fact {n}")[0] for n in range(5)]
+    for fid in ids:
+        log.record_kv(fid, "old", 2, "v1", f"old-{fid}", 4, 400)
+    day = datetime(2026, 12, 1, tzinfo=UTC)
+    log.note_kv_used([f"old-{ids[1]}"], day)
+    log.note_kv_used([f"old-{ids[3]}"], day + timedelta(days=2))
+    log.note_kv_used([f"old-{ids[4]}"], day + timedelta(days=1))
+    order = [f.id for f in log.facts_without_kv(p, "new", 2, "v1")]
+    assert order == [ids[3], ids[4], ids[1], ids[0], ids[2]]
+    assert [f.id for f in log.facts_without_kv(p, "new", 2, "v1", 2)] == [ids[3], ids[4]]
+    log.record_kv(ids[3], "new", 2, "v1", f"new-{ids[3]}", 4, 400)
+    assert [f.id for f in log.facts_without_kv(p, "new", 2, "v1", 1)] == [ids[4]]
