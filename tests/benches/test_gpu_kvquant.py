@@ -15,10 +15,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench import gpu_kvquant, kv_quant, locomo, locomo_data
+from bench import gpu_kvquant, kv_quant, locomo_data
 from bench.report import write_json
 from tests.support import LOCOMO_FIXTURE
-from tests.support.repo_process import run_python
+from tests.support.gpu_entry import run_on_exported_hits
 
 
 class _Encoded(Exception):
@@ -106,36 +106,8 @@ def test_gpu_kvquant_arguments_fail_before_the_model_unpacks(tmp_path: Path, cap
 
 @pytest.mark.engine
 def test_gpu_kvquant_measures_on_exported_hits(tmp_path: Path):
-    from inferscale_core.model_files import smollm2_gguf
-
-    hits = tmp_path / "hits.json"
-    locomo.export_retrieval(LOCOMO_FIXTURE, hits, sample=2, k=2)
-    out = tmp_path / "out"
-    done = run_python(
-        [
-            "-m",
-            "bench.gpu_kvquant",
-            str(out),
-            "--gguf",
-            str(smollm2_gguf()),
-            "--retrieval",
-            str(hits),
-            "--data",
-            str(LOCOMO_FIXTURE),
-            "--model-dir",
-            str(tmp_path / "smollm2"),
-            "--store",
-            str(tmp_path / "kv"),
-            "--sample",
-            "2",
-            "--k",
-            "1,2",
-            "--w",
-            "0",
-            "--max-tokens",
-            "4",
-        ],
-        timeout=900,
+    done, out, hits = run_on_exported_hits(
+        "bench.gpu_kvquant", tmp_path, "--k", "1,2", "--w", "0", "--max-tokens", "4"
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert "int4@k2: KL" in done.stdout and "kvquant, 2 questions: fp8:" in done.stdout

@@ -13,45 +13,16 @@ from pathlib import Path
 import pytest
 
 from bench import locomo
-from tests.support import LOCOMO_FIXTURE
-from tests.support.repo_process import run_python
+from tests.support.gpu_entry import run_on_exported_hits
 
 pytestmark = pytest.mark.engine
 
 
 def test_gpu_locomo_answers_on_exported_hits_and_leaves_scoring_to_rescore(tmp_path: Path):
-    from inferscale_core.model_files import MARKER, smollm2_gguf
+    from inferscale_core.model_files import MARKER
 
-    hits = tmp_path / "hits.json"
-    locomo.export_retrieval(LOCOMO_FIXTURE, hits, sample=2, k=2)
-    out = tmp_path / "out"
-    done = run_python(
-        [
-            "-m",
-            "bench.gpu_locomo",
-            str(out),
-            "--gguf",
-            str(smollm2_gguf()),
-            "--retrieval",
-            str(hits),
-            "--data",
-            str(LOCOMO_FIXTURE),
-            "--model-dir",
-            str(tmp_path / "smollm2"),
-            "--store",
-            str(tmp_path / "kv"),
-            "--sample",
-            "2",
-            "--k",
-            "2",
-            "--w",
-            "0",
-            "--reference",
-            "",
-            "--batch",
-            "2",
-        ],
-        timeout=900,
+    done, out, hits = run_on_exported_hits(
+        "bench.gpu_locomo", tmp_path, "--k", "2", "--w", "0", "--reference", "", "--batch", "2"
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert "answered 2 questions" in done.stdout
