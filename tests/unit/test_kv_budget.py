@@ -53,9 +53,7 @@ def test_the_migration_keeps_an_existing_log_and_adds_use_and_deferral(tmp_path)
         "INSERT INTO facts (profile_id, text, text_hash, created_at, updated_at)"
         " VALUES (1, 'I live in Porto', 'h', '2026-01-01', '2026-01-01')"
     )
-    db.execute(
-        "INSERT INTO kv_entries VALUES (1, 'fp', 0, 'v', 'key-1', 3, 300, '2026-01-01')"
-    )
+    db.execute("INSERT INTO kv_entries VALUES (1, 'fp', 0, 'v', 'key-1', 3, 300, '2026-01-01')")
     db.conn.commit()
     db.close()
     with FactLog.open(path) as log:

@@ -23,8 +23,11 @@ from inferscale_core.retriever import MODES
 from inferscale_core.types import Conversation, Turn
 
 FACTS = [  # (text, the day it was remembered, the user's turn it came from or None)
-    ("My sister Ines moved to Lisbon in March 2024", "2024-03-10", "Big news: my sister Ines"
-     " moved to Lisbon in March 2024, she loves the tiles."),
+    (
+        "My sister Ines moved to Lisbon in March 2024",
+        "2024-03-10",
+        "Big news: my sister Ines moved to Lisbon in March 2024, she loves the tiles.",
+    ),
     ("I work as a nurse at the city hospital", "2024-01-05", None),
     ("The living room needs new curtains", "2024-02-01", None),
     ("I adopted a grey cat named Miso", "2023-05-08", None),

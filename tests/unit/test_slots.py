@@ -103,9 +103,7 @@ def test_an_ending_names_what_it_ends(text, attribute, value):
 
 
 def test_a_named_speaker_holds_their_own_slots():
-    assert slots("Caroline: I moved to Boston in May.") == [
-        Slot("caroline", "residence", "boston")
-    ]
+    assert slots("Caroline: I moved to Boston in May.") == [Slot("caroline", "residence", "boston")]
 
 
 def replaces(older: str, newer: str) -> bool:
