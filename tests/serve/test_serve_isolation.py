@@ -121,37 +121,55 @@ def test_memory_ids_show_nothing_of_other_users(server):
 
 
 def test_status_counts_the_callers_requests_only(server):
-    body = {
-        "model": httpx.get(f"{server.base}/models", headers=auth(server.tokens["cy"])).json()[
-            "data"
-        ][0]["id"],
-        "messages": [{"role": "user", "content": "Count from 1 to 1000, one number a line."}],
-        "max_tokens": 1500,
-        "temperature": 0,
-        "stream": True,
-        "store": False,
-    }
+    model = httpx.get(f"{server.base}/models", headers=auth(server.tokens["cy"])).json()
     quiet = status(server, "ed")
-    with httpx.stream(
-        "POST",
-        f"{server.base}/chat/completions",
-        json=body,
-        headers=auth(server.tokens["cy"]),
-        timeout=60,
-    ) as r:
-        lines = r.iter_lines()
-        got = [next(lines) for _ in range(8)]  # cy's reply is streaming now
-        assert any('"content"' in line for line in got)
-        assert status(server, "cy")["requests_in_engine"] == 1
-        assert status(server, "ed")["requests_in_engine"] == 0  # not cy's
+    # A reply in flight is needed: the 135M model may end one early or repeat itself (then the
+    # loop guard cuts it), and how it goes can change with what else the engine batches. So
+    # each question is tried until cy's status sees its reply streaming.
+    questions = [
+        "Count from 1 to 1000, one number a line.",
+        "Write a long story about a lighthouse keeper and the sea, in many chapters.",
+        "List every country of the world with its capital, one a line.",
+    ]
+    for question in questions:
+        body = {
+            "model": model["data"][0]["id"],
+            "messages": [{"role": "user", "content": question}],
+            "max_tokens": 1500,
+            "temperature": 0,
+            "stream": True,
+            "store": False,
+        }
+        before = status(server, "cy")
+        with httpx.stream(
+            "POST",
+            f"{server.base}/chat/completions",
+            json=body,
+            headers=auth(server.tokens["cy"]),
+            timeout=60,
+        ) as r:
+            lines = r.iter_lines()
+            got = [next(lines) for _ in range(4)]
+            assert any('"content"' in line for line in got)
+            streaming = status(server, "cy")["requests_in_engine"]
+            if streaming == 1:
+                assert status(server, "ed")["requests_in_engine"] == 0  # not cy's
+                break  # the client hangs up on a reply in flight
+            for _ in lines:  # it ended already: read it out, try the next question
+                pass
+    assert streaming == 1, "no reply was still streaming after 4 lines"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         now = status(server, "cy")
-        if now["requests_in_engine"] == 0 and now["aborted_by_clients"] == 1:
+        if (
+            now["requests_in_engine"] == 0
+            and now["aborted_by_clients"] > before["aborted_by_clients"]
+        ):
             break
         time.sleep(0.2)
-    assert (now["requests_in_engine"], now["aborted_by_clients"]) == (0, 1), now
-    assert status(server, "ed") == quiet  # ed saw nothing of cy's request, or its end
+    aborted = now["aborted_by_clients"] - before["aborted_by_clients"]
+    assert (now["requests_in_engine"], aborted) == (0, 1), now
+    assert status(server, "ed") == quiet  # ed saw nothing of cy's requests, or their ends
 
 
 def test_refused_over_long_questions_leave_no_memory_held(server):
