@@ -207,14 +207,9 @@ def run_forget(log: FactLog, pid: int, args: argparse.Namespace, console: Consol
         console.print("nothing to forget: already forgotten")
         return 0
     Console().print(facts_table(active, "to forget"))
-    if not args.yes:
-        if not sys.stdin.isatty():
-            console.print("[red]error:[/red] not a terminal: pass --yes to confirm")
-            return 2
-        answer = console.input("Forget these memories for good? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            console.print("nothing forgotten")
-            return 1
+    refused = _confirm(console, args.yes, "Forget these memories for good?", "nothing forgotten")
+    if refused is not None:
+        return refused
     from inferscale_core.kvstore import KVStore
 
     stores: dict[str, KVStore] = {}
@@ -375,14 +370,11 @@ def run_prune(log: FactLog, pid: int, args: argparse.Namespace, console: Console
     if args.dry_run:
         console.print("dry run: nothing deleted")
         return 0
-    if not args.yes:
-        if not sys.stdin.isatty():
-            console.print("[red]error:[/red] not a terminal: pass --yes to confirm")
-            return 2
-        answer = console.input("Delete these KV entries? They are rebuilt if needed. [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            console.print("nothing deleted")
-            return 1
+    refused = _confirm(
+        console, args.yes, "Delete these KV entries? They are rebuilt if needed.", "nothing deleted"
+    )
+    if refused is not None:
+        return refused
     from inferscale_core.kvstore import KVStore
 
     for fingerprint, _, _, _ in plan:
@@ -526,3 +518,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     prune.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     prune.add_argument("--dry-run", action="store_true", help="show what would go, delete nothing")
     prune.set_defaults(func=_run, action=run_prune)
+
+
+def _confirm(console: Console, yes: bool, question: str, declined: str) -> int | None:
+    """None to go on (``--yes``, or "y" typed at ``question``); else the exit code: 2 when
+    no terminal can answer, 1 when the user said no (``declined`` is printed)."""
+    if yes:
+        return None
+    if not sys.stdin.isatty():
+        console.print("[red]error:[/red] not a terminal: pass --yes to confirm")
+        return 2
+    answer = console.input(f"{question} [y/N] ")
+    if answer.strip().lower() not in ("y", "yes"):
+        console.print(declined)
+        return 1
+    return None

@@ -35,12 +35,6 @@ def typed(cache: torch.Tensor, fp8: torch.dtype | None) -> torch.Tensor:
     return cache.view(fp8) if fp8 is not None and cache.dtype == torch.uint8 else cache
 
 
-def raw(t: torch.Tensor) -> torch.Tensor:
-    """An fp8 tensor as its bytes (uint8), for the operations torch lacks for fp8 types
-    (advanced indexing, on some builds); any other tensor as it is."""
-    return t.view(torch.uint8) if t.dtype in FP8_FORMATS.values() else t
-
-
 def scales(layer: Any) -> tuple[float, float]:
     """The layer's ``(k_scale, v_scale)``: what a stored fp8 value is multiplied by to be the
     real value the backend's cache update divides again."""
