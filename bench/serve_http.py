@@ -212,7 +212,10 @@ class Load:
             "messages": [
                 {"role": "user", "content": f"What did my friend say on day {self.asked}?"}
             ],
+            # Every reply max_tokens long, as the in-process suite's (ignore_eos there):
+            # equal work on both sides of a comparison.
             "max_tokens": self.max_tokens,
+            "min_tokens": self.max_tokens,
             "temperature": 0,
             "stream": stream,
             "store": store,

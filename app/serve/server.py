@@ -235,8 +235,13 @@ def _prepare(
 
     session = desk.session
     sampling = session.config.sampling.with_overrides(
-        temperature=body.temperature, top_p=body.top_p
+        temperature=body.temperature, top_p=body.top_p, min_tokens=body.min_tokens
     )
+    most = body.reply_tokens or session.config.max_tokens
+    if sampling.min_tokens > most:
+        raise ApiError(
+            400, f"min_tokens ({sampling.min_tokens}) is more than the reply's {most} tokens"
+        )
     try:
         return session.prepare(
             desk.conversation_id if body.store else None,
@@ -265,7 +270,7 @@ async def _answer(desk: Desk, turn: PreparedTurn, on_delta: Any = None) -> Reply
                     await on_delta(delta)
                     first = False
     finally:
-        finishing = asyncio.wrap_future(desk.submit(desk.session.finish, turn))
+        finishing = asyncio.wrap_future(desk.submit(lambda session: session.finish(turn)))
     return await finishing
 
 

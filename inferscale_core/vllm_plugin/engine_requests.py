@@ -34,6 +34,7 @@ def sampling_params(
     top_p: float = 1.0,
     top_k: int = 0,
     repetition_penalty: float = 1.0,
+    min_tokens: int = 0,
 ) -> Any:
     """vLLM's ``SamplingParams`` of one request: DELTA outputs, the load plan in
     ``extra_args["kv_transfer_params"]`` (the connector reads it there)."""
@@ -47,6 +48,7 @@ def sampling_params(
         top_p=top_p,
         top_k=top_k,
         repetition_penalty=repetition_penalty,
+        min_tokens=min_tokens,
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
         stop=list(stop) if stop else None,
@@ -153,6 +155,7 @@ class QueuedRequests:
         top_p: float = 1.0,
         top_k: int = 0,
         repetition_penalty: float = 1.0,
+        min_tokens: int = 0,
     ) -> Iterator[tuple[str, GenerationResult]]:
         """Yield ``(text delta, running result)`` as tokens arrive; the last result is final.
 
@@ -160,7 +163,7 @@ class QueuedRequests:
         token ids (prompt injection / no memory). TTFT is measured from submission to the
         step that produced the first token. Other requests (the memory worker's encodes) share
         the engine's steps; ``priority`` (lower first) decides who waits. ``temperature``,
-        ``top_p``, ``top_k`` and ``repetition_penalty`` are vLLM's sampling
+        ``top_p``, ``top_k``, ``repetition_penalty`` and ``min_tokens`` are vLLM's sampling
         (:class:`~inferscale_core.generation.Sampling`).
         """
         request_id, outputs, result, t0 = self._submit(
@@ -178,6 +181,7 @@ class QueuedRequests:
             top_p=top_p,
             top_k=top_k,
             repetition_penalty=repetition_penalty,
+            min_tokens=min_tokens,
         )
         finished = False
         try:

@@ -225,6 +225,35 @@ def test_errors(server, memories):
         client(server, "bo").chat.completions.create(model="gpt-4o", messages=body["messages"])
 
 
+def test_min_tokens_makes_every_reply_that_long(server, memories):
+    """vLLM's ``min_tokens`` (the openai client's extra_body): end-of-text and the loop guard
+    wait for it, so a bench compares equal work; more than the reply's tokens is a 400."""
+    api = client(server, "ana")
+    messages = [{"role": "user", "content": "Say yes."}]
+    short = api.chat.completions.create(
+        model=model_name(server), messages=messages, max_tokens=24, temperature=0, store=False
+    )
+    assert short.usage.completion_tokens < 24  # the model stops by itself on this one
+    forced = api.chat.completions.create(
+        model=model_name(server),
+        messages=messages,
+        max_tokens=24,
+        temperature=0,
+        store=False,
+        extra_body={"min_tokens": 24},
+    )
+    assert forced.usage.completion_tokens == 24
+    assert forced.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError, match="min_tokens"):
+        api.chat.completions.create(
+            model=model_name(server),
+            messages=messages,
+            max_tokens=8,
+            store=False,
+            extra_body={"min_tokens": 9},
+        )
+
+
 def test_an_idle_connection_outlives_the_clients_pool_expiry(server):
     """httpx (under the official client) keeps an idle connection 5 s; a server that closes
     one at the same age races it, and a request sent as it closes gets no response."""

@@ -64,9 +64,12 @@ def test_sampling_overrides_and_checks():
         Sampling(top_p=0)
     with pytest.raises(ValueError, match="temperature must be a number >= 0"):
         EMBEDDED.with_overrides(temperature=-1)
+    with pytest.raises(ValueError, match="min_tokens must be a whole number >= 0"):
+        EMBEDDED.with_overrides(min_tokens=-1)
     assert set(EMBEDDED.engine_kwargs()) == {
         "temperature",
         "top_p",
         "top_k",
         "repetition_penalty",
+        "min_tokens",
     }
