@@ -171,6 +171,8 @@ class MemoryWorker:
         # logged, and wait_idle would return with it pending).
         self._wakes = 0
         self._idle_lock = threading.Lock()
+        self._batches = 0  # batches finished (done, found nothing or failed): wait_batch
+        self._batch_done = threading.Condition()
         self._thread: threading.Thread | None = None
         # (fact id, key, stored scheme) of entries to rewrite (_convert_batch)
         self._to_convert: list[tuple[int, str, str]] | None = None
@@ -238,6 +240,22 @@ class MemoryWorker:
             for key in keys:
                 self._used[key] = now
 
+    @property
+    def batches(self) -> int:
+        """How many batches the thread has finished (read it before looking at the log, then
+        :meth:`wait_batch` for the next one)."""
+        return self._batches
+
+    def wait_batch(self, seen: int, timeout: float) -> bool:
+        """Block until a batch after the first ``seen`` finishes (True), or the timeout."""
+        with self._batch_done:
+            return self._batch_done.wait_for(lambda: self._batches > seen, timeout)
+
+    def _finished_batch(self) -> None:
+        with self._batch_done:
+            self._batches += 1
+            self._batch_done.notify_all()
+
     def wait_idle(self, timeout: float = 60.0) -> bool:
         """Block until the worker found nothing left to do (True) or the timeout passed."""
         self.wake()
@@ -249,11 +267,16 @@ class MemoryWorker:
         self._retriever = self.make_retriever(factlog) if self.make_retriever else None
         self.stats.running = True
         full_wait = 0.0  # seconds between tries while the disk is full (doubling)
+        started = False
         try:
             while not self._stop.is_set():
+                if started:  # the batch before is over (whatever its end): tell waiters
+                    self._finished_batch()
+                    started = False
                 self._resume.wait()
                 if self._stop.is_set():
                     break
+                started = True
                 wakes = self._wakes  # before the batch looks at the log
                 try:
                     # Every pending turn is extracted (searchable) before facts are encoded:
@@ -293,6 +316,8 @@ class MemoryWorker:
                     with self._idle_lock:
                         if self._wakes == wakes:  # nothing was logged since the batch looked
                             self._idle.set()
+                    self._finished_batch()  # now, not after the poll wait
+                    started = False
                     self._wake.wait(self.poll_seconds)
                     self._wake.clear()
         finally:
@@ -300,6 +325,7 @@ class MemoryWorker:
                 self._flush_used(factlog)
             self.stats.running = False
             factlog.close()
+            self._finished_batch()  # waiters see the thread has ended
 
     def _flush_used(self, factlog: FactLog) -> None:
         """Write which entries replies injected since the last flush (one UPDATE)."""

@@ -72,10 +72,10 @@ class SessionConfig:
 class InjectedFact:
     """One memory as it went into a reply, for the memory panel."""
 
-    fact_id: int
+    fact_id: int | str  # an ad-hoc memory's (Desk.ask's facts): its KV key
     text: str
     refers_to: str | None
-    score: float
+    score: float | None  # None: an ad-hoc memory (not retrieved)
     # "injected" (KV from the store), "recomputed" (one of the best hits, prefilled after the
     # injected ones: it attends to them), "text" (KV not ready: prefilled likewise), "text
     # (re-encoding)" (KV dropped for the disk budget: prefilled, encoded again): HOWS
@@ -192,7 +192,7 @@ class Session:
         return [("assistant" if t.speaker == "assistant" else "user", t.text) for t in turns]
 
     def _plan(
-        self, hits: list[Hit]
+        self, hits: list[Hit], recompute: int
     ) -> tuple[list[tuple[str, list[int]]], list[str], list[InjectedFact]]:
         """Split hits into stored KV entries and text lines, in hit order: a fact goes in as
         text when its KV is not ready, or when it is one of the ``recompute`` best hits (then
@@ -200,7 +200,7 @@ class Session:
         A text fact whose encoding was deferred is queued again (when a worker runs to do
         it); the injected entries are noted as used (the budget drops the least recent)."""
         entries, lines, used = [], [], []
-        injectable = [h.fact.id for h in hits if h.rank > self.config.recompute]
+        injectable = [h.fact.id for h in hits if h.rank > recompute]
         # one query and one folder stat for all the hits (not a query and 3 stats each)
         keys = self.factlog.kv_keys_for(
             injectable, self.builder.fingerprint, self.config.w, self.encoding
@@ -210,7 +210,7 @@ class Session:
         for hit in hits:
             fact = hit.fact
             when = fact.refers_to.isoformat() if fact.refers_to else None
-            if hit.rank <= self.config.recompute:  # rank 1 = the best hit
+            if hit.rank <= recompute:  # rank 1 = the best hit
                 lines.append(_line(fact))
                 used.append(InjectedFact(fact.id, fact.text, when, hit.score, RECOMPUTED))
                 continue
@@ -253,14 +253,16 @@ class Session:
             self.worker.wake()
 
     def ask(
-        self, conversation_id: int | None, text: str, *, log: bool = True
+        self, conversation_id: int | None, text: str, *, log: bool = True, **options: Any
     ) -> Iterator[tuple[str, Reply]]:
         """Answer ``text`` in a conversation, streaming ``(delta, reply so far)``; with
         ``log=False`` nothing is written (the conversation only gives the history; None: none).
+        ``options``: this reply's ``k``, ``mode``, ``recompute``, ``max_tokens``
+        (:meth:`prepare`).
 
         Raises :class:`~inferscale_core.composer.TurnRejected` (empty, or too long for the
         model's context by itself) before anything is logged or sent."""
-        turn = self.prepare(conversation_id, text, log=log)
+        turn = self.prepare(conversation_id, text, log=log, **options)
         yield from self.generate(turn)
         self.finish(turn)
         yield "", turn.reply
@@ -278,11 +280,12 @@ class Session:
         sampling: Sampling | None = None,
         k: int | None = None,
         mode: str | None = None,
+        recompute: int | None = None,
     ) -> PreparedTurn:
         """Retrieve, fit and compose the request for ``text``; log the user's turn (``log``).
         ``history``: ``(role, text)`` turns to use instead of the conversation's own;
-        ``max_tokens``, ``sampling``, ``k`` and ``mode`` ("inject" or "prompt"): this
-        reply's, instead of the session's."""
+        ``max_tokens``, ``sampling``, ``k``, ``mode`` ("inject" or "prompt") and
+        ``recompute``: this reply's, instead of the session's."""
         if not text.strip():
             raise EmptyTurn()
         self._apply_changes()
@@ -331,7 +334,8 @@ class Session:
                 for h, d in zip(hits, when, strict=True)
             ]
         else:
-            entries, lines, reply.facts = self._plan(hits)
+            recompute = self.config.recompute if recompute is None else recompute
+            entries, lines, reply.facts = self._plan(hits, recompute)
             turn.injected_keys = [key for key, _ in entries]
             recomputed = sum(1 for f in reply.facts if f.how == RECOMPUTED)
             turn.prompt = self.builder.compose(

@@ -18,12 +18,12 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from app.serve.ids import FactIds
 from app.serve.users import User
+from inferscale_core import desk as core
 
 if TYPE_CHECKING:
     from inferscale_core import wiring
@@ -35,10 +35,16 @@ T = TypeVar("T")
 API = "api"  # title, source and source id of the conversation a user's requests are logged in
 
 
-class Desk:
-    """One user's session and the thread that touches its memory."""
+class Desk(core.Desk):
+    """One user's desk (:class:`inferscale_core.desk.Desk`), opened at once, with the API's
+    ids of the user's facts and the user's requests in the engine."""
 
-    def __init__(self, user: User, open_session: Callable[[], Session]) -> None:
+    session: Session
+
+    def __init__(self, user: User, open_session: Callable[[], Session], db_path: Path) -> None:
+        super().__init__(
+            db_path, user.profile, lambda on_step: open_session(), name=f"memory-{user.name}"
+        )
         self.user = user
         # The user's own engine requests, for their /v1/status (on the server's event loop):
         # in flight now, and aborted before their end (the client went away, or the reply
@@ -46,22 +52,12 @@ class Desk:
         self.in_engine = 0
         self.aborted = 0
         self.ids = FactIds(user.secret)  # the user's memory ids in the API
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"memory-{user.name}")
-        # Opened on the thread that will own its fact log connection.
-        self.session: Session = self.call(open_session)
-        self.conversation_id: int = self.call(api_conversation, self.session)
-
-    def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` on this user's memory thread and wait for it (from any thread)."""
-        return self._thread.submit(fn, *args).result()
-
-    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
-        """Queue ``fn(*args)`` on this user's memory thread."""
-        return self._thread.submit(fn, *args)
+        self.start().result()
+        self.conversation_id: int = self.conversation(API)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """:meth:`call` for a coroutine (the server's handlers)."""
-        return await asyncio.wrap_future(self._thread.submit(fn, *args))
+        """Run ``fn(*args)`` on this user's memory thread, for a coroutine (the handlers)."""
+        return await asyncio.wrap_future(self.submit(lambda session: fn(*args)))
 
     async def agenerate(self, turn: PreparedTurn) -> AsyncIterator[tuple[str, Reply]]:
         """``session.agenerate(turn)``, counted in :attr:`in_engine` and :attr:`aborted`."""
@@ -77,10 +73,6 @@ class Desk:
             raise
         finally:
             self.in_engine -= 1
-
-    def close(self) -> None:
-        self._thread.submit(self.session.close).result()
-        self._thread.shutdown()
 
 
 class Hub:
@@ -124,6 +116,7 @@ class Hub:
         return Desk(
             user,
             lambda: wiring.open_session(assistant, config, self.db_path, embedder=self.embedder),
+            self.db_path,
         )
 
     def close(self) -> None:
@@ -131,15 +124,3 @@ class Hub:
             desks, self._desks = list(self._desks.values()), {}
         for desk in desks:
             desk.close()
-
-
-def api_conversation(session: Session) -> int:
-    """The user's "api" conversation (created once): where the server logs their exchanges."""
-    from inferscale_core.types import Conversation
-
-    log = session.factlog
-    found = log.conversation_by_source(session.profile_id, API, API)
-    if found is not None:
-        return found
-    conversation = Conversation(title=API, source=API, source_id=API)
-    return log.add_conversation(session.profile_id, conversation)[0]

@@ -24,6 +24,7 @@ from pydantic import AfterValidator
 from app.serve.deps import ApiError, DeskDep, not_found
 from app.serve.hub import Desk
 from app.serve.protocol import MemorySearch, NewMemory, check_text
+from inferscale_core.desk import fact_json
 
 if TYPE_CHECKING:
     from inferscale_core.types import Fact
@@ -40,16 +41,6 @@ INBOX_QUOTA_BYTES = 256 << 20
 # 255 bytes a file name may have.
 MAX_NAME_BYTES = 200
 UPLOAD_PREFIX = ".upload-"  # an upload being written; one left from a crash is removed at start
-
-
-def fact_json(fact: Fact, desk: Desk) -> dict[str, Any]:
-    return {
-        "id": desk.ids.public(fact.id),  # the user's own id of it (ids.py), not the log's
-        "text": fact.text,
-        "refers_to": fact.refers_to.isoformat() if fact.refers_to else None,
-        "created_at": fact.created_at.isoformat(),
-        "status": fact.status,
-    }
 
 
 def _own(desk: Desk, public_id: int) -> Fact | None:
@@ -79,7 +70,10 @@ def add(app: FastAPI, inbox: Path | None, quota_bytes: int = INBOX_QUOTA_BYTES) 
         def run() -> list[Fact]:
             return desk.session.factlog.search_facts(desk.session.profile_id, q, limit=limit)
 
-        return {"object": "list", "data": [fact_json(f, desk) for f in await desk.run(run)]}
+        return {
+            "object": "list",
+            "data": [fact_json(f, desk.ids.public) for f in await desk.run(run)],
+        }
 
     @app.post("/v1/memories", status_code=201)
     async def remember(body: NewMemory, desk: DeskDep) -> dict[str, Any]:
@@ -87,7 +81,7 @@ def add(app: FastAPI, inbox: Path | None, quota_bytes: int = INBOX_QUOTA_BYTES) 
             fact = await desk.run(desk.session.remember, body.text, body.refers_to, ADD_CAUSE)
         except ValueError as exc:
             raise ApiError(400, str(exc)) from None
-        return fact_json(fact, desk)
+        return fact_json(fact, desk.ids.public)
 
     @app.get("/v1/memories/export")
     async def export(desk: DeskDep) -> dict[str, Any]:
@@ -97,7 +91,7 @@ def add(app: FastAPI, inbox: Path | None, quota_bytes: int = INBOX_QUOTA_BYTES) 
         facts = await desk.run(run)
         return {
             "exported_at": datetime.now(UTC).isoformat(),
-            "facts": [fact_json(f, desk) for f in facts],
+            "facts": [fact_json(f, desk.ids.public) for f in facts],
         }
 
     @app.get("/v1/memories/{fact_id}")
@@ -105,7 +99,7 @@ def add(app: FastAPI, inbox: Path | None, quota_bytes: int = INBOX_QUOTA_BYTES) 
         fact = await desk.run(_own, desk, fact_id) if 0 < fact_id <= MAX_FACT_ID else None
         if fact is None:
             raise not_found(f"no memory #{fact_id}")
-        return fact_json(fact, desk)
+        return fact_json(fact, desk.ids.public)
 
     @app.delete("/v1/memories/{fact_id}", status_code=204)
     async def forget(fact_id: int, desk: DeskDep) -> Response:
@@ -127,7 +121,7 @@ def add(app: FastAPI, inbox: Path | None, quota_bytes: int = INBOX_QUOTA_BYTES) 
             k = session.config.k if body.k is None else body.k
             hits = session.retriever.search(session.profile_id, body.query, k)
             return [
-                dict(fact_json(h.fact, desk), score=round(h.score, 4), rank=h.rank)
+                dict(fact_json(h.fact, desk.ids.public), score=round(h.score, 4), rank=h.rank)
                 for h in sorted(hits, key=lambda h: h.rank)
             ]
 
@@ -216,8 +210,6 @@ def _import(desk: Desk, root: Path, data: bytes, name: str, quota: int) -> dict[
     """Write the upload into the user's inbox (mode 0600) and import it like a dropped file:
     imported files move to ``imported/``, bad ones to ``quarantine/`` with their reason. An
     upload that fails on the way leaves no file behind."""
-    from inferscale_core.importers.pipeline import Importer
-
     _check_quota(root, len(data), quota)
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd, tmp = tempfile.mkstemp(prefix=UPLOAD_PREFIX, dir=root)
@@ -234,15 +226,12 @@ def _import(desk: Desk, root: Path, data: bytes, name: str, quota: int) -> dict[
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    session = desk.session
     try:
-        report = Importer(session.factlog, session.profile_id, root).import_path(path)
+        report = desk.import_path(path, root)  # and wakes the memory worker
     finally:
         if path.exists():  # not filed away: the import failed (not the file's fault)
             path.unlink()
     result = report.files[0]
-    if session.worker is not None:
-        session.worker.wake()  # extract and encode what arrived
     return {
         "status": result.status,
         "format": result.format,
