@@ -1,7 +1,7 @@
 """The Textual app: the chat screen at once, the engine loading behind it.
 
 ``AssistantApp(config, open_session, db_path=...)`` is all it needs: ``open_session`` runs on
-the session thread (:class:`~app.tui.session_host.SessionHost`) and may take half a minute (it
+the desk's thread (:class:`~inferscale_core.desk.Desk`) and may take half a minute (it
 starts the engine); tests pass one that opens a Session on the test engine, snapshots one that
 returns a scripted fake. The first screen is usable at once: a message typed while the engine
 loads waits in the session thread's queue and is answered when it is ready.
@@ -16,7 +16,7 @@ import contextlib
 import queue
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from textual import work
 from textual.app import App, SystemCommand
@@ -32,10 +32,13 @@ from app.tui.screens.dialogs import KeysDialog
 from app.tui.screens.import_screen import ImportScreen
 from app.tui.screens.memory import MemoryScreen
 from app.tui.screens.settings import SettingsScreen
-from app.tui.session_host import ChatSession, SessionHost, SessionOpener
 from inferscale_core import paths
 from inferscale_core.config import AppConfig
+from inferscale_core.desk import Desk, SessionOpener
 from inferscale_core.factlog import FactLog
+
+if TYPE_CHECKING:
+    from inferscale_core.session import Session
 
 T = TypeVar("T")
 
@@ -79,7 +82,7 @@ class AssistantApp(InboxWatching, App[None]):
         self.config_path = Path(config_path)
         self.import_root = Path(import_root) if import_root else Path.home()
         self.model_label = model_label
-        self.host = SessionHost(open_session, db_path, config.profile)
+        self.host = Desk(db_path, config.profile, open_session)
         self.mode = "inject"  # for the next reply: "inject" (KV) or "prompt" (text)
         self.startup_steps = len(STEPS) + 1  # + opening the memory
         self.steps_done = 0
@@ -142,7 +145,7 @@ class AssistantApp(InboxWatching, App[None]):
     async def read(self, fn: Callable[[FactLog, int], T]) -> T:
         return await asyncio.wrap_future(self.host.read(fn))
 
-    async def call(self, fn: Callable[[ChatSession], T]) -> T:
+    async def call(self, fn: Callable[[Session], T]) -> T:
         return await asyncio.wrap_future(self.host.submit(fn))
 
     def apply_config(self, config: AppConfig) -> None:

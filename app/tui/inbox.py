@@ -20,13 +20,11 @@ from textual import work
 from textual.message import Message
 
 from app.tui.widgets.status import StatusBar
-from inferscale_core.factlog import FactLog
 from inferscale_core.importers.pipeline import (
     IMPORTED_DIR,
     QUARANTINE_DIR,
     REASON_SUFFIX,
     FileResult,
-    Importer,
     ProgressEvent,
 )
 from inferscale_core.importers.watcher import InboxWatcher
@@ -133,7 +131,7 @@ class InboxWatching:
                 return
             watcher = InboxWatcher(
                 inbox,
-                lambda: self._inbox_importer(inbox),
+                lambda: self.host.importer(inbox),
                 STABLE_SECONDS,
                 POLL_SECONDS,
                 on_result=lambda result: self._post_inbox(inbox, "result", result=result),
@@ -159,16 +157,6 @@ class InboxWatching:
     async def on_unmount(self) -> None:
         await asyncio.to_thread(self.stop_inbox)
 
-    def _inbox_importer(self, inbox: Path) -> Importer:
-        """The watcher's importer: its own fact-log connection (made on the watcher's thread),
-        in the profile the session and the memory browser use."""
-        log = FactLog.open(self.host.db_path)
-        try:
-            return Importer(log, log.profile(self.host.profile), inbox)
-        except BaseException:
-            log.close()
-            raise
-
     def _inbox_progress(self, inbox: Path, event: ProgressEvent) -> None:
         if event.kind == "start":
             self._post_inbox(inbox, "importing", event.path)
@@ -191,7 +179,7 @@ class InboxWatching:
             message, severity = inbox_note(event.result)
             self.notify(message, severity=severity, timeout=15 if severity == "warning" else 8)
             if event.result.status == "imported":
-                self._new_turns()
+                self.host.wake()  # extract and encode the new turns now, not at a poll
                 if self.screen is self.chat:
                     await self.chat.reload_conversations()
         elif event.kind == "error" and event.path is not None:
@@ -213,13 +201,6 @@ class InboxWatching:
             self._inbox_changed(InboxState("off", event.detail))
         else:  # watching, or a file done
             self._inbox_changed(InboxState("watching"))
-
-    def _new_turns(self) -> None:
-        """Imported turns: the memory worker extracts and encodes them now (not at its next
-        poll), so the memory browser shows them when opened."""
-        worker = getattr(self.host.session, "worker", None)
-        if worker is not None:
-            worker.wake()
 
     def _inbox_changed(self, state: InboxState) -> None:
         self.inbox_state = state

@@ -61,8 +61,8 @@ class ScriptedSession:
         self.config = SessionConfig(k=10, w=20)
         self.worker = FakeWorker()
 
-    def ask(self, conversation_id: int, text: str):
-        mode = self.config.mode
+    def ask(self, conversation_id: int, text: str, *, mode: str | None = None, **options):
+        mode = mode or self.config.mode  # the reply's, as the chat passes it
         self.factlog.append_turn(conversation_id, Turn("user", text, FIXED))
         reply = Reply(conversation_id, mode=mode)
         reply.facts = [

@@ -9,7 +9,6 @@ Markdown stream; Esc sets the cancel event, and the session thread closes the ge
 
 from __future__ import annotations
 
-import queue
 import threading
 
 from textual import work
@@ -265,47 +264,29 @@ class ChatScreen(Screen):
         mode: str,
         k: int,
     ) -> None:
-        """Stream a reply: the session thread asks, this thread pumps deltas into the view."""
+        """Stream a reply: the desk's thread answers, this one hands each delta to the view."""
         worker = get_current_worker()
-        deltas: queue.SimpleQueue[str] = queue.SimpleQueue()
-
         recompute = self.app.config.recompute  # like k: from the next reply
-
-        def job(session) -> Reply | None:
-            session.config.mode = mode
-            session.config.k, session.config.recompute = k, recompute
-            stream = session.ask(conversation_id, text)
-            last = None
-            try:
-                for delta, reply in stream:
-                    if cancel.is_set():
-                        return None
-                    if delta:
-                        deltas.put(delta)
-                    last = reply
-            finally:
-                stream.close()  # on cancel: aborts the engine request
-            return last
-
-        future = self.app.host.submit(job)
-        while True:
-            if worker.is_cancelled:  # the app is closing
-                cancel.set()
-                return
-            try:
-                delta = deltas.get(timeout=0.05)
-            except queue.Empty:
-                if future.done() and deltas.empty():
-                    break
-                continue
-            self.app.call_from_thread(message.append, delta)
+        stream = self.app.host.ask(
+            text, conversation_id=conversation_id, k=k, mode=mode, recompute=recompute
+        )
         reply, error = None, None
         try:
-            reply = future.result()
+            for delta, last in stream:
+                if worker.is_cancelled:  # the app is closing
+                    return
+                if cancel.is_set():  # Esc: the engine's request is aborted
+                    reply = None
+                    break
+                if delta:
+                    self.app.call_from_thread(message.append, delta)
+                reply = last  # finished after the last item
         except TurnRejected as exc:  # empty, or longer than the model's context: not logged
             error = f"not sent: {exc}"
         except Exception as exc:  # noqa: BLE001 - shown in the transcript
             error = f"error: {type(exc).__name__}: {exc}"
+        finally:
+            stream.close()
         self.app.call_from_thread(self._finish, message, reply, error, k)
 
     async def _finish(

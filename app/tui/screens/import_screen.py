@@ -24,9 +24,7 @@ from textual.widgets import (
 
 from app.tui.inbox import quarantine_reason
 from app.tui.widgets.status import StatusBar
-from inferscale_core.factlog import FactLog
 from inferscale_core.importers.pipeline import (
-    Importer,
     ImportReport,
     ProgressEvent,
     is_candidate,
@@ -205,19 +203,16 @@ class ImportScreen(Screen):
 
     @work(thread=True, exclusive=True, group="import")
     def run_import(self, path: Path) -> None:
-        """The import runs here, on its own fact-log connection; progress is pushed to the UI."""
+        """The import runs here, on its own fact-log connection; progress is pushed to the UI,
+        and the memory worker is woken for the new turns."""
         app = self.app
-        log = FactLog.open(app.host.db_path)
         try:
-            importer = Importer(log, log.profile(app.config.profile), app.inbox)
-            report = importer.import_path(
-                path, on_progress=lambda event: app.call_from_thread(self.on_progress, event)
+            report = app.host.import_path(
+                path, app.inbox, lambda event: app.call_from_thread(self.on_progress, event)
             )
         except Exception as exc:  # noqa: BLE001 - told to the user
             app.call_from_thread(self.failed, f"{type(exc).__name__}: {exc}")
             return
-        finally:
-            log.close()
         app.call_from_thread(self.finished, report)
 
     async def on_progress(self, event: ProgressEvent) -> None:
@@ -262,9 +257,6 @@ class ImportScreen(Screen):
         self.report = report
         self.query_one("#import-summary", Label).update(outcome(report))
         self.show_quarantined([(r.path, r.reason or "") for r in report.quarantined])
-        session = self.app.host.session
-        if session is not None and getattr(session, "worker", None) is not None:
-            session.worker.wake()  # new turns: extract and encode them now
         self.notify(
             f"Import done: {len(report.imported)} imported, {len(report.quarantined)} quarantined."
         )
