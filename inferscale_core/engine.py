@@ -5,7 +5,7 @@ The chat loop and the benchmarks only see this protocol, so they never import vL
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Protocol
 
 from inferscale_core.composer import ComposedPrompt
@@ -26,10 +26,22 @@ class Engine(Protocol):
         """Tokens of context: prompt and reply together."""
         ...
 
+    @property
+    def tokenizer(self) -> Any:
+        """The model's Hugging Face tokenizer (the extractor's prompts)."""
+        ...
+
     def stream(
         self, prompt: ComposedPrompt | Sequence[int], **kwargs: Any
     ) -> Iterator[tuple[str, GenerationResult]]:
         """Yield ``(text delta, running result)``; the last result is final."""
+        ...
+
+    def astream(
+        self, prompt: ComposedPrompt | Sequence[int], **kwargs: Any
+    ) -> AsyncIterator[tuple[str, GenerationResult]]:
+        """:meth:`stream` for a coroutine on the engine's own event loop (the serving engine);
+        an engine without one raises NotImplementedError."""
         ...
 
     def generate(

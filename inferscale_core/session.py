@@ -362,7 +362,7 @@ class Session:
         """:meth:`generate` on an engine's event loop (``astream``: the serving engine), for
         a server running on that loop: no thread between the engine and the client."""
         reply, guard = turn.reply, self._begin(turn)
-        stream = self.engine.astream(turn.prompt, **self._request_kwargs(turn))  # type: ignore[attr-defined]
+        stream = self.engine.astream(turn.prompt, **self._request_kwargs(turn))
         try:
             async for delta, result in stream:
                 reply.text, reply.result = result.text, result

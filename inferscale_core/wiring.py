@@ -186,7 +186,7 @@ def make_extractor(config: AppConfig, engine: Engine) -> Extractor:
     if choice == "auto":
         choice = "deterministic" if is_embedded(config.model) else "llm"
     if choice == "llm":
-        return LLMExtractor(engine, engine.tokenizer)  # type: ignore[attr-defined]
+        return LLMExtractor(engine, engine.tokenizer)
     return DeterministicExtractor()
 
 

@@ -182,6 +182,10 @@ class VllmEngine(QueuedRequests):
     def tokenizer(self) -> Any:
         return self.llm.get_tokenizer()
 
+    def astream(self, prompt: Any, **kwargs: Any) -> Any:
+        """Not here: this engine has no event loop of its own (:meth:`stream` on a thread)."""
+        raise NotImplementedError("the in-process engine streams on a thread: use stream()")
+
     def connectors(self) -> tuple[Any, Any]:
         """``(scheduler side, worker side)`` of the connector, both in this process
         (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the two :class:`InferScaleConnector` vLLM made."""
