@@ -26,11 +26,10 @@ from rich.table import Table
 
 from app.user_config import load_config
 from inferscale_core import paths
-from inferscale_core.factlog import FactLog
+from inferscale_core.desk import Desk
 from inferscale_core.importers.pipeline import (
     REASON_SUFFIX,
     FileResult,
-    Importer,
     ImportReport,
     ProgressEvent,
 )
@@ -44,17 +43,17 @@ def run_import(
 ) -> int:
     """Import a file or a folder; 0 when no file was quarantined, else 1. Files from ``inbox``
     (default: the data folder's) are moved out of it when done."""
-    with FactLog.open(paths.memory_db()) as log:
-        importer = Importer(log, log.profile(profile), inbox or paths.inbox_dir())
-        with Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.fields[turns]:>7,} turns"),
-            TimeElapsedColumn(),
-            console=console,
-        ) as progress:
-            report = importer.import_path(path, on_progress=_ProgressBars(progress))
+    desk = Desk(paths.memory_db(), profile)
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[turns]:>7,} turns"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        report = desk.import_path(path, inbox or paths.inbox_dir(), _ProgressBars(progress))
+    desk.close()
     console.print(report_table(report))
     console.print(summary(report))
     return 1 if report.quarantined else 0
@@ -63,10 +62,7 @@ def run_import(
 def run_watch(inbox: Path, console: Console, profile: str = PROFILE) -> int:
     """Import what lands in ``inbox`` until Ctrl-C; one line per file."""
     inbox = Path(inbox).expanduser()
-
-    def make_importer() -> Importer:
-        log = FactLog.open(paths.memory_db())
-        return Importer(log, log.profile(profile), inbox)
+    desk = Desk(paths.memory_db(), profile)
 
     def on_error(path: Path, exc: Exception) -> None:
         console.print(f"[red]error[/red] {escape(path.name)}: {escape(str(exc))} (left in place)")
@@ -74,13 +70,16 @@ def run_watch(inbox: Path, console: Console, profile: str = PROFILE) -> int:
     def on_result(result: FileResult) -> None:
         console.print(line(result))
 
-    watcher = InboxWatcher(inbox, make_importer, on_result=on_result, on_error=on_error)
+    watcher = InboxWatcher(
+        inbox, lambda: desk.importer(inbox), on_result=on_result, on_error=on_error
+    )
     with watcher:
         console.print(f"watching {escape(str(watcher.inbox))} (Ctrl-C to stop)")
         try:
             threading.Event().wait()
         except KeyboardInterrupt:
             console.print("stopping…")
+    desk.close()
     return 0
 
 

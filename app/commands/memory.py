@@ -28,6 +28,7 @@ from rich.table import Table
 
 from app.user_config import load_config
 from inferscale_core import paths
+from inferscale_core.desk import fact_json
 from inferscale_core.factlog import FactLog
 from inferscale_core.types import Fact
 
@@ -64,25 +65,11 @@ def facts_table(facts: list[Fact], title: str) -> Table:
     return table
 
 
-def fact_json(fact: Fact) -> dict:
-    return {
-        "id": fact.id,
-        "text": fact.text,
-        "refers_to": fact.refers_to.isoformat() if fact.refers_to else None,
-        "created_at": fact.created_at.isoformat(),
-        "source_turn_ids": fact.source_turn_ids,
-        "supersedes": fact.supersedes,
-        # null: true now; else the day a later fact (ended_by) replaced or ended it
-        "valid_until": fact.valid_until.isoformat() if fact.valid_until else None,
-        "ended_by": fact.ended_by,
-    }
-
-
 def run_list(log: FactLog, pid: int, args: argparse.Namespace, console: Console) -> int:
     statuses = ("active", "superseded", "forgotten") if args.all else ("active",)
     facts = log.search_facts(pid, "", statuses, limit=args.limit)
     if args.json:
-        print(json.dumps([dict(fact_json(f), status=f.status) for f in facts], indent=2))
+        print(json.dumps([fact_json(f) for f in facts], indent=2))
         return 0
     Console().print(facts_table(facts, f"{len(facts)} memories (newest first)"))
     return 0
@@ -128,7 +115,6 @@ def hits_json(log: FactLog, hits: list[Hit]) -> list[dict[str, Any]]:
                 "rank": hit.rank,
                 "score": hit.score,
                 **fact_json(fact),
-                "status": fact.status,
                 "superseded_by": successors.get(fact.id),
                 "source": None if first is None else _source_json(sources.get(first), first),
             }
