@@ -6,9 +6,14 @@ this only reports its steps (a spinner in the shell, a progress bar in the chat)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Callable
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator
+from typing import TextIO
 
 from rich.console import Console
 
@@ -25,6 +30,38 @@ def quiet_engine_logs() -> None:
     running / waiting counts in a server's log)."""
     level = os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     logging.getLogger("vllm").setLevel(level.upper())
+
+
+@contextlib.contextmanager
+def quiet_stderr() -> Iterator[TextIO]:
+    """Send what third parties write to stderr (vLLM's and torch's warnings, logs and progress
+    bars, from this process and the engine's child processes) to a discarded file; yields the
+    real stderr, for the command's own lines (its one error line). Restored on the way out,
+    so an unexpected traceback is still seen."""
+    sys.stderr.flush()
+    try:  # sys.stderr may be another stream (a test's capture): then it is the real one
+        ours = sys.stderr.fileno() != 2
+    except (AttributeError, OSError, ValueError):
+        ours = True
+    saved = os.dup(2)
+    real = (
+        sys.stderr
+        if ours
+        else os.fdopen(os.dup(saved), "w", buffering=1, encoding="utf-8", errors="replace")
+    )
+    try:
+        with tempfile.TemporaryFile() as sink, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            os.dup2(sink.fileno(), 2)
+            try:
+                yield real
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
+        if real is not sys.stderr:
+            real.close()
 
 
 def build_assistant(

@@ -25,6 +25,15 @@ def default_system_prompt() -> str:
     return (Path(__file__).with_name("system_prompt.txt")).read_text(encoding="utf-8")
 
 
+def model_layout(model_dir: Path, system_prompt: str | None = None) -> ChatLayout:
+    """The chat layout of a local model folder (its tokenizer; no engine), with
+    ``system_prompt`` (None: :func:`default_system_prompt`)."""
+    from transformers import AutoTokenizer
+
+    prompt = default_system_prompt() if system_prompt is None else system_prompt
+    return ChatLayout(AutoTokenizer.from_pretrained(str(model_dir)), prompt)
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryFact:
     """A fact as it goes into a prompt: its text, the date it refers to, its context turns."""
@@ -62,9 +71,7 @@ class PromptBuilder:
     ) -> PromptBuilder:
         """The builder of a local model folder: its chat layout, encoding through ``engine``
         into ``store``."""
-        from transformers import AutoTokenizer
-
-        layout = ChatLayout(AutoTokenizer.from_pretrained(str(model_dir)), system_prompt)
+        layout = model_layout(model_dir, system_prompt)
         salt = f"inferscale-encode/{EngineEncoder.version}/{store.fingerprint}"
         return cls(layout, EngineEncoder(engine, store, salt), store)
 

@@ -7,18 +7,18 @@ profile's "shell" conversation (one, reused by every ``ask``). Before it exits, 
 them instead of pasting them as text.
 
 ``--no-log`` answers through the same session without writing anything (the memory read only,
-the worker not started). ``--fact`` answers from its ad-hoc memories alone, composed here with
-the prompt builder, and logs nothing.
+the worker not started). ``--fact`` answers from its ad-hoc memories alone and logs nothing.
+Every turn runs on the profile's :class:`~inferscale_core.desk.Desk`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
-from dataclasses import dataclass, field, replace
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from datetime import date
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -30,9 +30,7 @@ from inferscale_core.config import AppConfig
 
 if TYPE_CHECKING:
     from inferscale_core import wiring
-    from inferscale_core.factlog import FactLog
-    from inferscale_core.session import Reply, Session, SessionConfig
-    from inferscale_core.types import GenerationResult
+    from inferscale_core.session import Reply, SessionConfig
 
 SHELL = "shell"  # title, source and source id of the conversation `ask` logs into
 REMEMBER_TIMEOUT_S = 60.0
@@ -50,44 +48,6 @@ class AskOptions:
     verbose: bool = False  # the engine's logs
 
 
-@dataclass(slots=True)
-class Answer:
-    """What ``ask`` prints: the reply, the memories it used (JSON rows) and the engine's
-    figures."""
-
-    text: str
-    mode: str  # "inject" or "prompt"
-    facts: list[dict[str, Any]] = field(default_factory=list)
-    ttft_s: float | None = None
-    prompt_tokens: int = 0
-    injected_tokens: int = 0
-    prefix_cached_tokens: int = 0
-    computed_tokens: int = 0
-    refused: str | None = None
-    notes: list[str] = field(default_factory=list)  # e.g. what was trimmed to fit
-    conversation_id: int | None = None  # the shell conversation, when logged
-    remembered: bool | None = None  # its facts encoded before exit (None: not logged)
-
-    def as_dict(self) -> dict[str, Any]:
-        from inferscale_core.session import INJECTED  # "how" is the session's InjectedFact.how
-
-        return {
-            "answer": self.text,
-            "ttft_s": self.ttft_s,
-            "facts": self.facts,
-            "injected_fact_ids": [f["id"] for f in self.facts if f["how"] == INJECTED],
-            "injected_tokens": self.injected_tokens,
-            "prompt_tokens": self.prompt_tokens,
-            "prefix_cached_tokens": self.prefix_cached_tokens,
-            "computed_tokens": self.computed_tokens,
-            "mode": self.mode,
-            "refused": self.refused,
-            "notes": self.notes,
-            "conversation_id": self.conversation_id,
-            "remembered": self.remembered,
-        }
-
-
 def run_ask(
     question: str,
     facts: list[tuple[str, date | None]],
@@ -100,25 +60,76 @@ def run_ask(
     """Answer ``question`` and print it; the exit code. ``assistant``: an already started one
     (tests pass theirs), else it is built from ``config``. Memory lives in
     ``paths.memory_db()``."""
-    from inferscale_core import paths
+    from inferscale_core import paths, wiring
     from inferscale_core.composer import TurnRejected
+    from inferscale_core.desk import Desk
 
     if not question.strip():
         return _refuse(console, EMPTY_QUESTION)
+    shown = console if options.verbose else Console(quiet=True)  # steps, table, figures
+    try:
+        _check_fits(question, config, options, assistant)
+    except TurnRejected as exc:  # before the engine starts (~25 s on a CPU)
+        return _refuse(console, str(exc))
     if assistant is None:
         from app.startup import open_assistant
 
-        assistant = open_assistant(config, console, verbose=options.verbose)
+        assistant = open_assistant(config, shown, verbose=options.verbose)
+    settings = _settings(assistant, config, options)
+    log = options.log and not facts  # --fact logs nothing
     db_path = paths.memory_db()
+    desk = Desk(
+        db_path,
+        config.profile,
+        lambda on_step: wiring.open_session(
+            assistant, config, db_path, session_config=settings, start_worker=log
+        ),
+    )
+    adhoc = [(text, day.isoformat() if day else None) for text, day in facts] or None
     try:
-        if facts:
-            answer = _ask_with_facts(assistant, config, question, facts, options, console)
-        else:
-            answer = _ask_session(assistant, config, db_path, question, options, console)
+        with shown.status("opening the memory…"):
+            desk.start().result()
+        conversation_id = desk.conversation(SHELL) if log else None
+        stream = desk.ask(question, conversation_id=conversation_id, log=log, facts=adhoc)
+        reply = _stream(stream, not options.as_json)
+        remembered = None
+        if log:
+            turns = [t for t in (reply.user_turn_id, reply.assistant_turn_id) if t is not None]
+            with shown.status("remembering…"):
+                remembered = desk.wait_remembered(turns, options.remember_timeout_s)
     except TurnRejected as exc:
         return _refuse(console, str(exc))
-    _print(answer, options.as_json, console)
+    finally:
+        desk.close()
+    _print(_report(reply, remembered), options.as_json, shown)
     return 0
+
+
+def _check_fits(
+    question: str, config: AppConfig, options: AskOptions, assistant: wiring.Assistant | None
+) -> None:
+    """Raise :class:`~inferscale_core.composer.PromptTooLong` for a question that cannot fit
+    the model's context with the system prompt and the reply (the tokenizer only: no engine).
+    Without a started ``assistant`` the context is the model's own length, the engine's at
+    most: a question just under it is refused by the session, after the engine starts."""
+    from inferscale_core.prompt_budget import fit_turn
+
+    if assistant is not None:
+        layout, context = assistant.builder.layout, assistant.engine.max_model_len
+    else:
+        from transformers import AutoConfig
+
+        from inferscale_core.model_files import resolve_model
+        from inferscale_core.prompt_builder import model_layout
+
+        model_dir = resolve_model(config.model, progress=options.verbose)
+        layout = model_layout(model_dir)
+        model = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+        context = getattr(model, "max_position_embeddings", None)
+        if context is None:
+            return
+    reply_tokens = options.max_tokens or config.max_tokens
+    fit_turn(layout, question, (), [], context=context, reply_tokens=reply_tokens)
 
 
 def _refuse(console: Console, message: str) -> int:
@@ -139,188 +150,74 @@ def _settings(assistant: wiring.Assistant, config: AppConfig, options: AskOption
     )
 
 
-# ---- the default: the profile's session, logged in the shell conversation ----
+def _stream(stream: Iterator[tuple[str, Reply]], show: bool) -> Reply:
+    """The finished reply; its text goes to stdout as it comes (``show``), without the
+    leading blanks the model may start with."""
+    reply, started = None, False
+    for delta, reply in stream:  # noqa: B007 - the last one is the finished reply
+        if show and delta:
+            text = delta if started else delta.lstrip()
+            started = started or bool(text)
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    if show:
+        sys.stdout.write("\n")
+    assert reply is not None
+    return reply
 
 
-def shell_conversation(log: FactLog, profile_id: int) -> int:
-    """The profile's "shell" conversation, created on first use (found by source, so a title
-    the user gave it in the chat is kept)."""
-    from inferscale_core.types import Conversation
+def _report(reply: Reply, remembered: bool | None) -> dict[str, Any]:
+    """What ``--json`` prints: the reply, the memories it used and the engine's figures."""
+    from inferscale_core.desk import reply_json
+    from inferscale_core.session import INJECTED
 
-    found = log.conversation_by_source(profile_id, SHELL, SHELL)
-    if found is not None:
-        return found
-    conversation = Conversation(title=SHELL, source=SHELL, source_id=SHELL)
-    return log.add_conversation(profile_id, conversation)[0]
-
-
-def _ask_session(
-    assistant: wiring.Assistant,
-    config: AppConfig,
-    db_path: Path,
-    question: str,
-    options: AskOptions,
-    console: Console,
-) -> Answer:
-    from inferscale_core import wiring
-
-    session_config = _settings(assistant, config, options)
-    with console.status("opening the memory…"):
-        session = wiring.open_session(
-            assistant, config, db_path, session_config=session_config, start_worker=options.log
-        )
-    try:
-        conversation_id = (
-            shell_conversation(session.factlog, session.profile_id) if options.log else None
-        )
-        with console.status("answering…"):
-            reply = session.ask_all(conversation_id, question, log=options.log)
-        remembered = (
-            _remember(session, reply, options.remember_timeout_s, console) if options.log else None
-        )
-    finally:
-        session.close()
-    answer = _answer(reply.text, reply.mode, reply.result)
-    answer.facts = [
-        {
-            "id": f.fact_id,
-            "text": f.text,
-            "date": f.refers_to,
-            "score": round(f.score, 4),
-            "how": f.how,
-            "tier": f.tier,
-        }
-        for f in reply.facts
-    ]
-    answer.notes = reply.notes
-    answer.conversation_id, answer.remembered = conversation_id, remembered
-    return answer
+    data = reply_json(reply)
+    return {
+        "answer": data["text"],
+        "ttft_s": data["ttft_s"],
+        "facts": data["facts"],
+        "injected_fact_ids": [f["id"] for f in data["facts"] if f["how"] == INJECTED],
+        **{key: data[key] for key in TOKEN_COUNTS},
+        "mode": data["mode"],
+        "refused": data["refused"],
+        "notes": data["notes"],
+        "conversation_id": data["conversation_id"],
+        "remembered": remembered,
+    }
 
 
-def _remember(session: Session, reply: Reply, timeout_s: float, console: Console) -> bool:
-    """Wait until the memory worker has extracted this exchange and encoded the facts it told
-    (then the next ``ask`` injects them); False if ``timeout_s`` passed first (the worker
-    finishes it the next time the assistant runs: the fact log is its queue)."""
-    turns = {t for t in (reply.user_turn_id, reply.assistant_turn_id) if t is not None}
-    if session.worker is None or not turns or timeout_s <= 0:
-        return False
-    log, profile_id, last = session.factlog, session.profile_id, max(turns)
-    fingerprint, w = session.builder.fingerprint, session.config.w
-    deadline = time.monotonic() + timeout_s
-    with console.status("remembering…"):
-        while True:
-            if log.extraction_cursor(profile_id) >= last and not any(
-                turns.intersection(fact.source_turn_ids)
-                for fact in log.facts_without_kv(profile_id, fingerprint, w, session.encoding)
-            ):
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
-
-
-# ---- --fact: these memories only, composed here, nothing logged ----
-
-
-def _ask_with_facts(
-    assistant: wiring.Assistant,
-    config: AppConfig,
-    question: str,
-    facts: list[tuple[str, date | None]],
-    options: AskOptions,
-    console: Console,
-) -> Answer:
-    """Answer from ``facts`` alone (encoded here into the store, as ad-hoc memories); a
-    question or memories that do not fit the context are refused, as the session does."""
-    from inferscale_core.composer import TurnRejected, fact_line
-    from inferscale_core.prompt_budget import fit_turn
-    from inferscale_core.prompt_builder import MemoryFact
-    from inferscale_core.session import INJECTED, TEXT
-
-    builder, engine = assistant.builder, assistant.engine
-    settings = _settings(assistant, config, options)
-    memory = [MemoryFact(text, when) for text, when in facts]
-    lengths = [len(builder.layout.fact_ids(fact_line(f.text, f.when))) for f in memory]
-    fit = fit_turn(
-        builder.layout,
-        question,
-        (),
-        lengths,
-        context=engine.max_model_len,
-        reply_tokens=settings.max_tokens,
-    )
-    if fit.dropped_memories:
-        raise TurnRejected(
-            f"the --fact memories ({sum(lengths):,} tokens) do not fit the model's context"
-            f" with the question and {settings.max_tokens} tokens for the reply"
-        )
-    with console.status("encoding memories…"):
-        entries = builder.encode_many(memory)
-    if options.prompt_injection:
-        prompt: Any = builder.prompt_injection_ids(memory, question)
-    else:
-        prompt = builder.compose(entries, question)
-    result = engine.generate(
-        prompt, max_tokens=settings.max_tokens, **settings.sampling.engine_kwargs()
-    )
-    injected = not options.prompt_injection and not result.refused and result.injected_tokens > 0
-    answer = _answer(result.text, "prompt" if options.prompt_injection else "inject", result)
-    answer.facts = [
-        {
-            "id": key,
-            "text": fact.text,
-            "date": fact.when.isoformat() if fact.when else None,
-            "score": None,
-            "how": INJECTED if injected else TEXT,  # the session's names for it
-            "tier": result.entry_tiers.get(key) if injected else None,
-        }
-        for fact, (key, _) in zip(memory, entries, strict=True)
-    ]
-    return answer
-
-
-def _answer(text: str, mode: str, result: GenerationResult | None) -> Answer:
-    answer = Answer(text.strip(), mode)
-    if result is not None:
-        answer.ttft_s = result.ttft_s
-        answer.prompt_tokens = result.prompt_tokens
-        answer.injected_tokens = result.injected_tokens
-        answer.prefix_cached_tokens = result.prefix_cached_tokens
-        answer.computed_tokens = result.computed_tokens
-        answer.refused = result.refused
-    return answer
+TOKEN_COUNTS = ("injected_tokens", "prompt_tokens", "prefix_cached_tokens", "computed_tokens")
 
 
 # ---- output ----
 
 
-def _print(answer: Answer, as_json: bool, console: Console) -> None:
+def _print(report: dict[str, Any], as_json: bool, console: Console) -> None:
     if as_json:
-        print(json.dumps(answer.as_dict()))
+        print(json.dumps(report))
         return
-    print(answer.text)  # as is: no wrapping, for pipes
-    if answer.facts:
+    if report["facts"]:
         table = Table(title="memory", header_style="bold", title_justify="left")
         for column in ("#", "id", "date", "score", "how", "fact"):
             table.add_column(column, justify="right" if column in ("#", "score") else "left")
-        for i, fact in enumerate(answer.facts, 1):
+        for i, fact in enumerate(report["facts"], 1):
             score = "" if fact["score"] is None else f"{fact['score']:.2f}"
             how = fact["how"] + (f" ({fact['tier']})" if fact.get("tier") else "")
             ident = fact["id"] if isinstance(fact["id"], int) else "--fact"
             table.add_row(str(i), str(ident), fact["date"] or "", score, how, escape(fact["text"]))
         console.print(table)
-    mode = "prompt injection" if answer.mode == "prompt" else "KV injection"
-    ttft = f"{answer.ttft_s * 1e3:.0f} ms" if answer.ttft_s is not None else "n/a"
+    mode = "prompt injection" if report["mode"] == "prompt" else "KV injection"
+    ttft = f"{report['ttft_s'] * 1e3:.0f} ms" if report["ttft_s"] is not None else "n/a"
     console.print(
-        f"[dim]{mode}: TTFT {ttft}; prompt {answer.prompt_tokens} tokens, injected"
-        f" {answer.injected_tokens}, from prefix cache {answer.prefix_cached_tokens},"
-        f" computed {answer.computed_tokens}[/dim]"
+        f"[dim]{mode}: TTFT {ttft}; prompt {report['prompt_tokens']} tokens, injected"
+        f" {report['injected_tokens']}, from prefix cache {report['prefix_cached_tokens']},"
+        f" computed {report['computed_tokens']}[/dim]"
     )
-    if answer.refused and answer.mode != "prompt":
-        console.print(f"[yellow]injection refused:[/yellow] {escape(answer.refused)}")
-    for note in answer.notes:
+    if report["refused"] and report["mode"] != "prompt":
+        console.print(f"[yellow]injection refused:[/yellow] {escape(report['refused'])}")
+    for note in report["notes"]:
         console.print(f"[dim]{escape(note)}[/dim]")
-    if answer.remembered is False:
+    if report["remembered"] is False:
         console.print(
             "[dim]not remembered yet: the memory worker finishes it the next time the"
             " assistant runs[/dim]"
@@ -344,8 +241,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         " memories it retrieves are injected as KV cache, and the exchange is logged in the"
         ' profile\'s "shell" conversation, so what you tell it is remembered. Before exiting,'
         ' `ask` waits ("remembering…", at most --remember-timeout seconds) until the facts it'
-        " was told are extracted and encoded, so the next `ask` injects them. Prints the answer,"
-        " the memories used, TTFT and token counts.",
+        " was told are extracted and encoded, so the next `ask` injects them. Prints only the"
+        " answer, as it is generated (or one error line); --verbose adds the engine's logs, the"
+        " memories used, TTFT and token counts.",
     )
     ask.add_argument("question", help="the question to answer")
     ask.add_argument(
@@ -420,4 +318,10 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         verbose=args.verbose,
     )
     facts = [_parse_fact(f) for f in args.fact]
-    return run_ask(args.question, facts, config=config, options=options, console=console)
+    if args.verbose:
+        return run_ask(args.question, facts, config=config, options=options, console=console)
+    from app.startup import quiet_stderr
+
+    with quiet_stderr() as stderr:  # the answer, or one error line: no engine noise
+        console = Console(file=stderr, stderr=True)
+        return run_ask(args.question, facts, config=config, options=options, console=console)
