@@ -10,7 +10,6 @@ import contextlib
 import logging
 import os
 import sys
-import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from typing import TextIO
@@ -34,31 +33,34 @@ def quiet_engine_logs() -> None:
 
 @contextlib.contextmanager
 def quiet_stderr() -> Iterator[TextIO]:
-    """Send what third parties write to stderr (vLLM's and torch's warnings, logs and progress
-    bars, from this process and the engine's child processes) to a discarded file; yields the
-    real stderr, for the command's own lines (its one error line). Restored on the way out,
-    so an unexpected traceback is still seen."""
+    """Drop what third parties write to stderr: vLLM's and torch's warnings, logs (below
+    ERROR) and progress bars, from Python, C and the engine's child processes (fd 2) alike.
+    Yields the real stderr, for the command's own lines (its one error line); restored on
+    the way out, so an unexpected traceback is still seen."""
     sys.stderr.flush()
     try:  # sys.stderr may be another stream (a test's capture): then it is the real one
         ours = sys.stderr.fileno() != 2
     except (AttributeError, OSError, ValueError):
         ours = True
     saved = os.dup(2)
-    real = (
-        sys.stderr
-        if ours
-        else os.fdopen(os.dup(saved), "w", buffering=1, encoding="utf-8", errors="replace")
-    )
+    real = sys.stderr if ours else os.fdopen(os.dup(saved), "w", buffering=1, errors="replace")
+    null = os.open(os.devnull, os.O_WRONLY)
     try:
-        with tempfile.TemporaryFile() as sink, warnings.catch_warnings():
+        with (
+            open(os.devnull, "w") as dropped,
+            contextlib.redirect_stderr(dropped),
+            warnings.catch_warnings(),
+        ):
             warnings.simplefilter("ignore")
-            os.dup2(sink.fileno(), 2)
+            logging.disable(logging.WARNING)
+            os.dup2(null, 2)
             try:
                 yield real
             finally:
-                sys.stderr.flush()
                 os.dup2(saved, 2)
+                logging.disable(logging.NOTSET)
     finally:
+        os.close(null)
         os.close(saved)
         if real is not sys.stderr:
             real.close()
