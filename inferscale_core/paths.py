@@ -83,6 +83,29 @@ def cache_dir() -> Path:
     return _ensure(Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False)))
 
 
+def runtime_dir() -> Path:
+    """Sockets of the running assistant: ``$XDG_RUNTIME_DIR/inferscale-assistant`` (the
+    session's private tmpfs), else ``data_dir()/run`` (never a shared /tmp folder another user
+    could have made first); under ``INFERSCALE_HOME``: ``run/``.
+
+    Raises:
+        PermissionError: the folder is not this user's alone (owner or mode).
+    """
+    home, xdg = _home(), os.environ.get("XDG_RUNTIME_DIR")
+    if home is not None:
+        folder = _ensure(home / "run")
+    elif xdg:
+        folder = _ensure(Path(xdg) / APP_NAME)
+    else:
+        folder = _ensure(data_dir() / "run")
+    found = folder.stat()
+    if found.st_uid != os.getuid() or found.st_mode & 0o077:
+        raise PermissionError(
+            f"{folder} must be yours alone (mode 0700): it holds the assistant's socket"
+        )
+    return folder
+
+
 def config_dir() -> Path:
     """The folder of :func:`config_file`."""
     home = _home()
