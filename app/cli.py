@@ -14,7 +14,19 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.markup import escape
 
-from app.commands import ask, backup, bench, chat, doctor, imports, memory, models, serve
+from app.commands import (
+    ask,
+    backup,
+    bench,
+    chat,
+    daemon,
+    doctor,
+    imports,
+    mcp,
+    memory,
+    models,
+    serve,
+)
 
 DESCRIPTION = """\
 A private, local, long-term assistant. Memories are kept as pre-RoPE KV tensors and injected
@@ -38,6 +50,8 @@ examples:
   inferscale-assistant models list
   inferscale-assistant users add ana && inferscale-assistant serve --port 8000
   inferscale-assistant backup --encrypt ~/memory.isbak   # later: restore ~/memory.isbak
+  inferscale-assistant daemon      # resident, no window: ask/memory/import answer through it
+  inferscale-assistant mcp         # the memory for MCP clients (stdio)
 """
 
 
@@ -60,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
         models.register,
         serve.register,
         backup.register,
+        daemon.register,
+        mcp.register,
     ):
         register(sub)
     return parser

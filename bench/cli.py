@@ -20,15 +20,17 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from app.user_config import load_config
 from bench.arguments import parse_ks, parse_names, parse_windows
-from inferscale_core import wiring
 from inferscale_core.config import AppConfig
+
+if TYPE_CHECKING:  # the engine's imports (torch) only when a bench runs
+    from inferscale_core import wiring
 
 BENCH_STORE = "bench-kv"
 
@@ -55,7 +57,7 @@ def _config(args: argparse.Namespace, console: Console) -> AppConfig:
 
 def _open_runtime(args: argparse.Namespace, console: Console) -> wiring.Assistant:
     """The real model's assistant, with the benches' own KV store."""
-    from inferscale_core import paths
+    from inferscale_core import paths, wiring
 
     _quiet(args.verbose)
     config = _config(args, console)
@@ -592,6 +594,8 @@ def _rescore(args: argparse.Namespace, console: Console) -> int:
     result["rescored"] = command_line()
     if args.judge:
         from transformers import AutoTokenizer
+
+        from inferscale_core import wiring
 
         _quiet(args.verbose)
         judge_dir = Path(args.judge)

@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.console import Console
 
 from app.user_config import load_config
-from inferscale_core import paths, wiring
+from inferscale_core import paths
 from inferscale_core.config import AppConfig
 from inferscale_core.model_files import SMOLLM2_NAME, is_embedded
 
@@ -35,6 +35,7 @@ def make_opener(config: AppConfig, db_path: Path, verbose: bool = False):
 
     def open_session(on_step: Callable[[str], None]):
         from app.startup import OPEN_MEMORY_STEP, build_assistant
+        from inferscale_core import wiring
 
         assistant = build_assistant(config, on_step, verbose=verbose)
         on_step(OPEN_MEMORY_STEP)
