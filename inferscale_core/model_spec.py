@@ -114,15 +114,6 @@ class ModelSpec:
         first = self.layer_rope[0]
         return first if all(r == first for r in self.layer_rope) else None
 
-    def attention_modules(self, model: Any) -> list[Any]:
-        """The attention module of each layer of a Hugging Face ``*ForCausalLM``."""
-        return [layer.self_attn for layer in model.model.layers]
-
-    def capture_modules(self, attention: Any) -> tuple[Any, Any]:
-        """``(key module, value module)`` of one attention layer: their outputs are the
-        layer's pre-RoPE K and V, ``[batch, tokens, kv_heads * head_dim]``."""
-        return getattr(attention, self.key_source), getattr(attention, self.value_source)
-
 
 def cache_groups_refusal(num_groups: int) -> str | None:
     """Why an engine whose KV cache has ``num_groups`` groups cannot take injected KV, or None.

@@ -21,7 +21,7 @@ SCRIPT = SUPPORT / "gemma_check.py"
 
 
 def test_gemma3_injection_is_exact_in_fp32(tmp_path: Path):
-    from inferscale_core.model_files import gemma3_test_gguf
+    from tests.support.gemma_model import gemma3_test_gguf
 
     done = run_python(
         [str(SCRIPT), str(tmp_path), str(gemma3_test_gguf()), "float32"], timeout=1200

