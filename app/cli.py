@@ -29,7 +29,7 @@ from app.commands import (
 )
 
 DESCRIPTION = """\
-A private, local, long-term assistant. Memories are kept as pre-RoPE KV tensors and injected
+A private, local, long-term assistant. Memories are kept as KV tensors and injected
 straight into vLLM's KV cache, so a question costs about as much as the question alone, however
 many memories it uses. Nothing leaves this machine: no model hub, no telemetry.
 """

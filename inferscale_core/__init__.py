@@ -1,4 +1,4 @@
-"""InferScale assistant core: memory facts, their pre-RoPE KV, retrieval and injection.
+"""InferScale assistant core: memory facts, their KV, retrieval and injection.
 
 Everything that is not the Textual UI lives here. Only ``inferscale_core.vllm_plugin`` (and
 ``bench``) may import vLLM; the math is testable without it.

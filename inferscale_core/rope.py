@@ -1,19 +1,16 @@
-"""Chunked RoPE: rotate stored pre-RoPE keys to the absolute positions they take in a prompt.
+"""Chunked RoPE: move stored keys to the absolute positions they take in a prompt.
 
-A memory fact's keys are stored *before* rotary position embedding, so the same fact can be
-placed anywhere: at request time ``rotate`` applies the model's rotation for the fact's positions
-in that prompt. RoPE acts on each key alone (a per-pair rotation by ``position * inv_freq``), so
-rotating a stored pre-RoPE key reproduces the model's own post-RoPE key exactly, provided the
-frequencies do not depend on the sequence length. That holds for default, linear, llama3 and yarn
-RoPE; dynamic NTK and longrope change their frequencies with the sequence length and are refused.
+A memory fact's keys are stored post-RoPE at the positions they were encoded at (their origin);
+at request time ``shift`` rotates them by the difference to their place in that prompt,
+``R(p') = R(p' - p) R(p)``. RoPE acts on each key alone (a per-pair rotation by
+``position * inv_freq``), so a shifted key is the model's own key at ``p'`` exactly, provided the
+frequencies do not depend on the sequence length. That holds for default, linear, llama3 and
+yarn RoPE; dynamic NTK and longrope change their frequencies with the sequence length and are
+refused.
 
 YaRN also multiplies cos and sin by ``attention_scaling`` (its mscale), which makes it a scaled
-rotation; ``unrotate`` inverts it by rotating by ``-angle`` and dividing by that scale.
-
-Inverse frequencies are computed with the same float32 torch arithmetic as transformers (and
-vLLM), and angles as ``float32(position) * float32(inv_freq)``: at position 1e5 an inv_freq that
-is off by one fp32 ulp already moves the angle by ~1e-2, so we reproduce the model's rounding
-rather than the exact real-number value.
+rotation: ``shift`` moves keys by the pure rotation (:func:`pure_rotation`), and ``unrotate``
+inverts a scaled one by rotating by ``-angle`` and dividing by that scale.
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 class UnsupportedRopeError(ValueError):
-    """The model's RoPE variant cannot be re-applied exactly to stored pre-RoPE keys."""
+    """The model's RoPE variant cannot move stored keys to new positions exactly."""
 
 
 def _get(obj, name: str, default=None):
@@ -143,7 +140,7 @@ class RopeSpec:
                 f"RoPE type {rope_type!r} is not supported (supported: "
                 f"{', '.join(SUPPORTED_ROPE_TYPES)}): its frequencies depend on the sequence "
                 "length (dynamic NTK, longrope/su) or it is not a plain 1-D rotation (mrope, ...), "
-                "so stored pre-RoPE keys cannot be re-rotated to match the model exactly"
+                "so stored keys cannot be moved to new positions exactly"
             )
         head_dim = _get(config, "head_dim") or config.hidden_size // config.num_attention_heads
         partial = p.get("partial_rotary_factor") or _get(config, "partial_rotary_factor")

@@ -1,4 +1,4 @@
-"""The KV store: per-entry pre-RoPE K/V files on disk, cached in host RAM and a device pool.
+"""The KV store: per-entry K/V files on disk, cached in host RAM and a device pool.
 
 ``store`` holds :class:`KVStore`; ``tiers`` the memory tiers it manages; ``entry_file`` the
 on-disk format every process reads (the contract between the encoder and vLLM's connector);

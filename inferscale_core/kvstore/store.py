@@ -1,4 +1,4 @@
-"""Tiered store of pre-RoPE KV entries: device pool → host RAM → disk (one file each).
+"""Tiered store of KV entries: device pool → host RAM → disk (one file each).
 
 The files (:mod:`~inferscale_core.kvstore.entry_file`) are the durable copy and the contract
 between processes: the vLLM connector opens a store from a plain path in each process it runs

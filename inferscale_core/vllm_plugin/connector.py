@@ -183,7 +183,7 @@ def injection_refusal(cudagraph_mode: str | None, v2_model_runner: bool) -> str 
     """Why an engine with this ``cudagraph_mode`` (a ``CUDAGraphMode`` name) and model runner
     cannot serve injected KV exactly, or None.
 
-    Measured on the H200 with vLLM 0.26 (docs/BENCHMARKS.md, run AH): with full CUDA graphs for
+    Measured on the H200 with vLLM 0.26 (docs/BENCHMARKS.md): with full CUDA graphs for
     prefills (a mode whose mixed-batch mode is FULL), the V2 model runner's forward over
     injected KV differs from a full prefill (max |Δ logprob| 0.51 at k=1, with or without a
     device sync around the load), while the V1 runner's stays exact (0.0158, bf16 noise).

@@ -1,8 +1,8 @@
 """One vLLM engine core serving several API processes, as ``vllm serve --api-server-count N``.
 
 One Python process served 24–28 requests a second on the H200 at k=50 (one GIL for retrieval,
-composition, HTTP and vLLM's output processing, ~35 ms of CPU a request; run AY in
-docs/BENCHMARKS.md), 8 processes 110 (run BG). vLLM's own answer is several API processes over
+composition, HTTP and vLLM's output processing, ~35 ms of CPU a request; docs/BENCHMARKS.md),
+8 processes 110. vLLM's own answer is several API processes over
 one engine core, each with its own ``AsyncLLM`` client (input and output sockets of its own,
 ``client_index``); the engine core schedules all of their requests together. This module starts
 that with vLLM's own pieces (``launch_core_engines``, ``APIServerProcessManager``), the

@@ -47,8 +47,8 @@ class EngineOptions:
     # Tokens per KV-cache block; None: 64 on a GPU, vLLM's default on CPU. vLLM's scheduler
     # does Python work per block (hashing, allocation, prefix-cache bookkeeping): with 64 instead
     # of 16, injection at k=50 on the H200 went from 3.8-4.3x to 6.1-6.3x prompt injection's
-    # speed, on one machine (runs G-J). 256 measured the same as 64 on one machine (runs P, Q)
-    # and caches prompts more coarsely (docs/DESIGN.md, "On the GPU").
+    # speed, on one machine. 256 measured the same as 64 on one machine and caches prompts
+    # more coarsely (docs/DESIGN.md, "On the GPU").
     block_size: int | None = None
     # Prompt tokens one engine step may compute (vLLM's chunked prefill): a chat turn arriving
     # while encoding requests run waits for at most the step in flight. None: the product's,
