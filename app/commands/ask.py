@@ -30,6 +30,7 @@ from inferscale_core.config import AppConfig
 
 if TYPE_CHECKING:
     from inferscale_core import wiring
+    from inferscale_core.desk_socket import RemoteDesk
     from inferscale_core.session import Reply, SessionConfig
 
 SHELL = "shell"  # title, source and source id of the conversation `ask` logs into
@@ -56,17 +57,30 @@ def run_ask(
     options: AskOptions,
     console: Console,
     assistant: wiring.Assistant | None = None,
+    model_given: bool = False,
 ) -> int:
-    """Answer ``question`` and print it; the exit code. ``assistant``: an already started one
-    (tests pass theirs), else it is built from ``config``. Memory lives in
-    ``paths.memory_db()``."""
+    """Answer ``question`` and print it; the exit code. Through the running assistant when
+    there is one (the app, the daemon) and neither ``assistant`` nor ``model_given`` (--model)
+    asks for another engine; else through an engine of its own: ``assistant`` (tests pass
+    theirs), or one built from ``config``. Memory lives in ``paths.memory_db()``."""
     from inferscale_core import paths, wiring
     from inferscale_core.composer import TurnRejected
-    from inferscale_core.desk import Desk
+    from inferscale_core.desk import Desk, reply_json
 
     if not question.strip():
         return _refuse(console, EMPTY_QUESTION)
     shown = console if options.verbose else Console(quiet=True)  # steps, table, figures
+    log = options.log and not facts  # --fact logs nothing
+    adhoc = [(text, day.isoformat() if day else None) for text, day in facts] or None
+    if assistant is None and not model_given:
+        from app.resident import connect
+
+        remote = connect(config)
+        if remote is not None:
+            with remote:
+                shown.print(f"[dim]through the running assistant (pid {remote.hello()['pid']})")
+                return _ask_resident(remote, question, adhoc, log, options, console, shown)
+        shown.print("[dim]no assistant running for this memory: starting an engine[/dim]")
     try:
         _check_fits(question, config, options, assistant)
     except TurnRejected as exc:  # before the engine starts (~25 s on a CPU)
@@ -76,7 +90,6 @@ def run_ask(
 
         assistant = open_assistant(config, shown, verbose=options.verbose)
     settings = _settings(assistant, config, options)
-    log = options.log and not facts  # --fact logs nothing
     db_path = paths.memory_db()
     desk = Desk(
         db_path,
@@ -85,7 +98,6 @@ def run_ask(
             assistant, config, db_path, session_config=settings, start_worker=log
         ),
     )
-    adhoc = [(text, day.isoformat() if day else None) for text, day in facts] or None
     try:
         with shown.status("opening the memory…"):
             desk.start().result()
@@ -101,7 +113,42 @@ def run_ask(
         return _refuse(console, str(exc))
     finally:
         desk.close()
-    _print(_report(reply, remembered), options.as_json, shown)
+    _print(_report(reply_json(reply), remembered), options.as_json, shown)
+    return 0
+
+
+def _ask_resident(
+    remote: RemoteDesk,
+    question: str,
+    adhoc: list[tuple[str, str | None]] | None,
+    log: bool,
+    options: AskOptions,
+    console: Console,
+    shown: Console,
+) -> int:
+    """:func:`run_ask` through the assistant another process runs (the app, the daemon): its
+    engine and memory, its settings; this command's options for this reply."""
+    from inferscale_core.composer import TurnRejected
+
+    per_reply = {
+        "k": None if options.memory else 0,
+        "mode": "prompt" if options.prompt_injection else None,
+        "max_tokens": options.max_tokens,
+    }
+    try:
+        conversation_id = remote.conversation(SHELL) if log else None
+        items = remote.ask(
+            question, conversation_id=conversation_id, log=log, facts=adhoc, **per_reply
+        )
+        data = _stream_text(items, not options.as_json)
+        remembered = None
+        if log:
+            turns = [t for t in (data["user_turn_id"], data["assistant_turn_id"]) if t]
+            with shown.status("remembering…"):
+                remembered = remote.wait_remembered(turns, options.remember_timeout_s)
+    except TurnRejected as exc:
+        return _refuse(console, str(exc))
+    _print(_report(data, remembered), options.as_json, shown)
     return 0
 
 
@@ -151,27 +198,43 @@ def _settings(assistant: wiring.Assistant, config: AppConfig, options: AskOption
 
 
 def _stream(stream: Iterator[tuple[str, Reply]], show: bool) -> Reply:
-    """The finished reply; its text goes to stdout as it comes (``show``), without the
-    leading blanks the model may start with."""
-    reply, started = None, False
-    for delta, reply in stream:  # noqa: B007 - the last one is the finished reply
-        if show and delta:
-            text = delta if started else delta.lstrip()
+    """The finished reply; its text goes to stdout as it comes (``show``)."""
+    last: list[Reply] = []
+
+    def deltas() -> Iterator[str | dict[str, Any]]:
+        for delta, reply in stream:
+            last[:] = [reply]
+            yield delta
+        yield {}
+
+    _stream_text(deltas(), show)
+    return last[0]
+
+
+def _stream_text(items: Iterator[str | dict[str, Any]], show: bool) -> dict[str, Any]:
+    """Text deltas (str) to stdout as they come (``show``), without the leading blanks the
+    model may start with; returns the last item (a dict: the finished reply's plain form)."""
+    started, end = False, None
+    for item in items:
+        if isinstance(item, dict):
+            end = item
+            continue
+        if show and item:
+            text = item if started else item.lstrip()
             started = started or bool(text)
             sys.stdout.write(text)
             sys.stdout.flush()
     if show:
         sys.stdout.write("\n")
-    assert reply is not None
-    return reply
+    assert end is not None
+    return end
 
 
-def _report(reply: Reply, remembered: bool | None) -> dict[str, Any]:
-    """What ``--json`` prints: the reply, the memories it used and the engine's figures."""
-    from inferscale_core.desk import reply_json
+def _report(data: dict[str, Any], remembered: bool | None) -> dict[str, Any]:
+    """What ``--json`` prints: the reply (``reply_json``'s form), the memories it used and the
+    engine's figures."""
     from inferscale_core.session import INJECTED
 
-    data = reply_json(reply)
     return {
         "answer": data["text"],
         "ttft_s": data["ttft_s"],
@@ -319,9 +382,23 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     )
     facts = [_parse_fact(f) for f in args.fact]
     if args.verbose:
-        return run_ask(args.question, facts, config=config, options=options, console=console)
+        return run_ask(
+            args.question,
+            facts,
+            config=config,
+            options=options,
+            console=console,
+            model_given=bool(args.model),
+        )
     from app.startup import quiet_stderr
 
     with quiet_stderr() as stderr:  # the answer, or one error line: no engine noise
         console = Console(file=stderr, stderr=True)
-        return run_ask(args.question, facts, config=config, options=options, console=console)
+        return run_ask(
+            args.question,
+            facts,
+            config=config,
+            options=options,
+            console=console,
+            model_given=bool(args.model),
+        )

@@ -95,6 +95,7 @@ def run_chat(config: AppConfig, *, verbose: bool = False) -> int:
         with output_to_log(paths.cache_dir() / LOG_NAME):
             app.run()
     finally:
+        app.stop_serving()
         app.host.close()
     return app.return_code or 0
 

@@ -38,6 +38,7 @@ from inferscale_core.desk import Desk, SessionOpener
 from inferscale_core.factlog import FactLog
 
 if TYPE_CHECKING:
+    from inferscale_core.desk_socket import DeskServer
     from inferscale_core.session import Session
 
 T = TypeVar("T")
@@ -83,6 +84,7 @@ class AssistantApp(InboxWatching, App[None]):
         self.import_root = Path(import_root) if import_root else Path.home()
         self.model_label = model_label
         self.host = Desk(db_path, config.profile, open_session)
+        self.desk_server: DeskServer | None = None  # the desk served to other commands
         self.mode = "inject"  # for the next reply: "inject" (KV) or "prompt" (text)
         self.startup_steps = len(STEPS) + 1  # + opening the memory
         self.steps_done = 0
@@ -120,7 +122,32 @@ class AssistantApp(InboxWatching, App[None]):
             message = one_line(exc)
             self.call_from_thread(self._session_failed, message)
             return
+        self._serve_desk()
         self.call_from_thread(self._session_ready)
+
+    def _serve_desk(self) -> None:
+        """Serve the open desk on its private socket: ``ask``, ``memory``, ``import`` and
+        ``mcp`` then use this engine and memory instead of starting their own."""
+        from inferscale_core.desk_socket import DeskServer
+
+        try:
+            self.desk_server = DeskServer(self.host)
+        except Exception as exc:  # noqa: BLE001 - the chat works without; the user is told
+            self.call_from_thread(
+                self.notify,
+                f"Other commands start their own engine: {one_line(exc)}",
+                severity="warning",
+                timeout=15,
+            )
+
+    def stop_serving(self) -> None:
+        """Stop serving the desk to other commands (repeatable)."""
+        server, self.desk_server = self.desk_server, None
+        if server is not None:
+            server.close()
+
+    async def on_unmount(self) -> None:  # beside InboxWatching's (Textual calls both)
+        await asyncio.to_thread(self.stop_serving)
 
     def _session_step(self, step: str) -> None:
         self.load_step = step
