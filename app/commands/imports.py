@@ -188,7 +188,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--encode",
         action="store_true",
         help="then extract facts from the new turns and encode their KV now, with progress"
-        " (otherwise the assistant does it in the background when it runs)",
+        " (otherwise the assistant does it in the background when it runs; a running one,"
+        " the app or `daemon`, is told to start at once, with or without --encode)",
     )
     imp.set_defaults(func=_run_import)
     watch = sub.add_parser(
@@ -207,6 +208,8 @@ def _run_import(args: argparse.Namespace, console: Console) -> int:
         return 2
     profile = args.profile or config.profile
     code = run_import(args.path, console, profile, paths.inbox_dir(config.inbox))
+    if _wake_resident(config, profile, console):
+        return code  # the running assistant encodes them: no second engine
     if not args.encode:
         return code
     import dataclasses
@@ -214,6 +217,21 @@ def _run_import(args: argparse.Namespace, console: Console) -> int:
     from app.commands.encode import encode_pending
 
     return max(code, encode_pending(dataclasses.replace(config, profile=profile), console))
+
+
+def _wake_resident(config, profile: str, console: Console) -> bool:
+    """Tell the running assistant (the app, the daemon) of this profile that new turns are
+    in: its memory worker extracts and encodes them now. False when none runs."""
+    from inferscale_core.desk_socket import RemoteDesk
+
+    remote = RemoteDesk.connect(paths.memory_db(), profile)
+    if remote is None:
+        return False
+    with remote:
+        remote.wake()
+        pid = remote.hello()["pid"]
+    console.print(f"the running assistant (pid {pid}) extracts and encodes them now")
+    return True
 
 
 def _run_watch(args: argparse.Namespace, console: Console) -> int:

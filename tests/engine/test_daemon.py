@@ -22,6 +22,7 @@ from inferscale_core.factlog import FactLog
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPORT = ROOT / "tests" / "fixtures" / "exports" / "chatgpt" / "conversations.json"
+SECOND_EXPORT = ROOT / "tests" / "fixtures" / "exports" / "claude" / "conversations.json"
 BACKLOG = 24  # facts waiting to be encoded when the daemon starts
 START_S = 300
 
@@ -143,6 +144,19 @@ def test_the_daemon_imports_encodes_survives_kill9_and_stops_cleanly(smollm2_pat
     with RemoteDesk(_socket(home, db)) as remote:
         assert remote.hello()["pid"] == second.process.pid
         assert remote.search("Which drawer holds green folder number 12?", k=5)
+    # `import` beside the daemon: it imports, and the daemon encodes what came at once
+    imported = subprocess.run(
+        [sys.executable, "-m", "app", "import", str(SECOND_EXPORT)],
+        cwd=ROOT,
+        env={**os.environ, "INFERSCALE_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert imported.returncode == 0, imported.stderr[-2000:]
+    assert f"running assistant (pid {second.process.pid}) extracts" in imported.stderr
+    assert _count(db, "SELECT count(*) FROM conversations WHERE source = 'claude'") >= 1
+    _wait(db, ACTIVE_WITHOUT_KV, lambda n: n == 0, 300, second)
     # a second daemon on the same memory says so and leaves
     third = subprocess.run(
         [sys.executable, "-m", "app", "daemon"],
