@@ -28,7 +28,12 @@ from inferscale_core.memory_worker import MemoryWorker
 from inferscale_core.prompt_budget import fit_turn
 from inferscale_core.prompt_builder import MemoryFact, PromptBuilder
 from inferscale_core.retriever import Retriever
+from inferscale_core.types import HOWS as HOWS  # re-exported: tests name it from here
 from inferscale_core.types import (
+    INJECTED,
+    RECOMPUTED,
+    REENCODING,
+    TEXT,
     Conversation,
     Fact,
     GenerationResult,
@@ -39,14 +44,6 @@ from inferscale_core.types import (
 )
 
 SYNC_THRESHOLD = 64  # more new facts than this: rebuild the index from stored embeddings
-
-# How a memory went into a reply (InjectedFact.how; the memory panel, `ask --json`, serve):
-INJECTED = "injected"  # its KV, from the store
-RECOMPUTED = "recomputed"  # one of the best hits, prefilled after the injected ones
-TEXT = "text"  # its KV is not ready (not encoded yet): prefilled likewise
-REENCODING = "text (re-encoding)"  # its KV was dropped for the disk budget: prefilled, and
-#                                    encoded again in the background
-HOWS = (INJECTED, RECOMPUTED, TEXT, REENCODING)
 
 
 def _line(fact: Fact) -> str:

@@ -10,6 +10,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+# How a memory went into a reply (InjectedFact.how; the memory panel, `ask --json`, serve):
+INJECTED = "injected"  # its KV, from the store
+RECOMPUTED = "recomputed"  # one of the best hits, prefilled after the injected ones
+TEXT = "text"  # its KV is not ready (not encoded yet): prefilled likewise
+REENCODING = "text (re-encoding)"  # its KV was dropped for the disk budget: prefilled, and
+#                                    encoded again in the background
+HOWS = (INJECTED, RECOMPUTED, TEXT, REENCODING)
+
 
 @dataclass(slots=True)
 class Turn:

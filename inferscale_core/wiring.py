@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 from inferscale_core import paths
 from inferscale_core.config import AppConfig
-from inferscale_core.kvstore import KVStore
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (torch comes with the store: only when something is built)
     from inferscale_core.embedder import Embedder
     from inferscale_core.engine import Engine
     from inferscale_core.extractor import Extractor
     from inferscale_core.factlog import FactLog
+    from inferscale_core.kvstore import KVStore
     from inferscale_core.memory_worker import MemoryWorker
     from inferscale_core.prompt_builder import PromptBuilder
     from inferscale_core.retriever import Retriever
@@ -70,6 +70,7 @@ def open_store(
     writing entries as ``store_dtype`` (``AppConfig.store_dtype``); an engine with an fp8
     cache (``kv_cache_dtype``) has a store of its own (see ``model_fingerprint``)."""
     from inferscale_core.fingerprint import model_fingerprint
+    from inferscale_core.kvstore import KVStore
 
     fingerprint = model_fingerprint(model_dir, kv_cache_dtype)
     root = Path(root) if root is not None else paths.kv_dir()

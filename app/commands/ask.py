@@ -233,7 +233,7 @@ def _stream_text(items: Iterator[str | dict[str, Any]], show: bool) -> dict[str,
 def _report(data: dict[str, Any], remembered: bool | None) -> dict[str, Any]:
     """What ``--json`` prints: the reply (``reply_json``'s form), the memories it used and the
     engine's figures."""
-    from inferscale_core.session import INJECTED
+    from inferscale_core.types import INJECTED
 
     return {
         "answer": data["text"],

@@ -33,6 +33,26 @@ def test_help_explains_every_command():
         assert _cli(*sub, "--help").returncode == 0
 
 
+def test_the_shell_doors_load_no_engine_code():
+    """`ask` through a running assistant, `--help`, `daemon`/`mcp`'s parsing: none imports
+    torch or vLLM (3.6 s of imports before; the resident path's budget is about a second)."""
+    probe = (
+        "import sys, app.cli, app.resident, app.commands.ask as ask;"
+        " app.cli.build_parser();"
+        " ask._report({'text': '', 'ttft_s': None, 'facts': [], 'mode': 'inject',"
+        " 'refused': None, 'notes': [], 'conversation_id': None, 'injected_tokens': 0,"
+        " 'prompt_tokens': 0, 'prefix_cached_tokens': 0, 'computed_tokens': 0}, None);"
+        " print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    for sub, word in (("daemon", "private socket"), ("mcp", "search_memory")):
+        assert word in _cli(sub, "--help").stdout.replace("\n", " ")
+
+
 def test_bad_arguments_get_a_clear_error():
     done = _cli("bench", "ttft", "--k", "5,x")
     assert done.returncode == 2
