@@ -14,6 +14,7 @@ Every turn runs on the profile's :class:`~inferscale_core.desk.Desk`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Iterator
@@ -381,19 +382,11 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         verbose=args.verbose,
     )
     facts = [_parse_fact(f) for f in args.fact]
-    if args.verbose:
-        return run_ask(
-            args.question,
-            facts,
-            config=config,
-            options=options,
-            console=console,
-            model_given=bool(args.model),
-        )
     from app.startup import quiet_stderr
 
-    with quiet_stderr() as stderr:  # the answer, or one error line: no engine noise
-        console = Console(file=stderr, stderr=True)
+    with contextlib.ExitStack() as stack:
+        if not args.verbose:  # the answer, or one error line: no engine noise
+            console = Console(file=stack.enter_context(quiet_stderr()), stderr=True)
         return run_ask(
             args.question,
             facts,
