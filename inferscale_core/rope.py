@@ -9,8 +9,7 @@ yarn RoPE; dynamic NTK and longrope change their frequencies with the sequence l
 refused.
 
 YaRN also multiplies cos and sin by ``attention_scaling`` (its mscale), which makes it a scaled
-rotation: ``shift`` moves keys by the pure rotation (:func:`pure_rotation`), and ``unrotate``
-inverts a scaled one by rotating by ``-angle`` and dividing by that scale.
+rotation: ``shift`` moves keys by the pure rotation (:func:`pure_rotation`).
 """
 
 from __future__ import annotations
@@ -213,7 +212,6 @@ def _apply(
     positions: torch.Tensor,  # [tokens]
     spec: RopeSpec,
     out_dtype: torch.dtype | None,
-    inverse: bool,
     out: torch.Tensor | None = None,  # [..., tokens, kv_heads, head_dim], written in place
 ) -> torch.Tensor:
     if k.dim() < 3 or k.shape[-1] != spec.head_dim or k.shape[-3] != positions.shape[0]:
@@ -223,9 +221,6 @@ def _apply(
         )
     cos, sin = cos_sin(spec, positions.to(k.device))  # [tokens, rotary_dim // 2]
     cos, sin = cos[:, None, :], sin[:, None, :]  # [tokens, 1, rotary_dim // 2]
-    if inverse:  # R(-angle) / scale: the transpose of the scaled rotation divided by scale**2
-        s2 = spec.attention_scaling**2
-        cos, sin = cos / s2, -sin / s2
     x = k.float()  # [..., tokens, kv_heads, head_dim]
     dtype = out_dtype or (out.dtype if out is not None else k.dtype)
     # fp32 result buffer: the caller's when it is fp32 (no copy), else one rounding at the end.
@@ -260,14 +255,4 @@ def rotate(
     out: torch.Tensor | None = None,  # optional destination, same shape (e.g. a slice of a buffer)
 ) -> torch.Tensor:
     """Apply RoPE to pre-RoPE keys: fp32 math, one rounding to ``out_dtype`` (default: input's)."""
-    return _apply(k_pre, positions, spec, out_dtype, inverse=False, out=out)
-
-
-def unrotate(
-    k_post: torch.Tensor,  # [..., tokens, kv_heads, head_dim]
-    positions: torch.Tensor,  # [tokens] int64 positions ``k_post`` was rotated to
-    spec: RopeSpec,
-    out_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    """Exact inverse of ``rotate`` (rotation by ``-angle``, divided by ``attention_scaling``)."""
-    return _apply(k_post, positions, spec, out_dtype, inverse=True)
+    return _apply(k_pre, positions, spec, out_dtype, out=out)

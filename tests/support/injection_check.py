@@ -35,7 +35,7 @@ def run_checks(
     from inferscale_core.config import AppConfig
     from inferscale_core.model_spec import ModelSpec
     from inferscale_core.prompt_builder import MemoryFact
-    from inferscale_core.rope import rotate, unrotate
+    from inferscale_core.rope import rotate
     from inferscale_core.types import FactKV
     from tests.support.hf_oracle import (
         injected_kv,
@@ -43,6 +43,7 @@ def run_checks(
         max_logprob_delta,
         steps_in_common,
     )
+    from tests.support.rope_inverse import unrotate
 
     cudagraph_mode = os.environ.get("TINY_CUDAGRAPH_MODE", "")  # e.g. FULL; "" = vLLM's default
     extra = {"compilation_config": {"cudagraph_mode": cudagraph_mode}} if cudagraph_mode else {}

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from bench.dummy import write_dummy_config
-from inferscale_core.rope import RopeSpec, unrotate
+from inferscale_core.rope import RopeSpec
 from tests.support.hf_encoder import HFReferenceEncoder, attention_implementation
+from tests.support.rope_inverse import unrotate
 
 
 def _model(model_dir: Path, attention: str) -> torch.nn.Module:

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from inferscale_core.rope import RopeSpec, UnsupportedRopeError, cos_sin, rotate, unrotate
+from inferscale_core.rope import RopeSpec, UnsupportedRopeError, cos_sin, rotate
+from tests.support.rope_inverse import unrotate
 
 transformers = pytest.importorskip("transformers")
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
