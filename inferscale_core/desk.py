@@ -430,7 +430,8 @@ class Desk:
             on_progress: told each file's progress (on the calling thread).
 
         Returns:
-            The import's report (``.as_json()`` is not needed: its files' fields are plain).
+            The import's :class:`~inferscale_core.importers.pipeline.ImportReport` (its
+            ``files`` hold plain fields: status, format, conversations, turns_added, reason).
         """
         importer = self.importer(inbox)
         try:
