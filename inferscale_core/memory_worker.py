@@ -57,6 +57,9 @@ class WorkerStats:
     last_error: str | None = None
     disk_full: bool = False  # the last batch could not write for want of room (last_error)
     to_convert: int = 0  # stored entries of another kv_store_dtype, left to rewrite
+    # Of pending_facts, those with KV of another model (or window, encoder) only: a switch's
+    # re-encode, most recently used first.
+    reencoding: int = 0
     converted: int = 0
     evicted: int = 0  # entries dropped for the disk budget (their facts deferred)
     deferred: int = 0  # the profile's facts whose encoding waits until they are retrieved
@@ -354,6 +357,10 @@ class MemoryWorker:
                 self.profile_id, self.builder.fingerprint, self.w, self.encoding
             )
         )
+        _, _, elsewhere = factlog.kv_coverage(
+            self.profile_id, self.builder.fingerprint, self.w, self.encoding
+        )
+        self.stats.reencoding = min(elsewhere, self.stats.pending_facts)
 
     def _convert_batch(self, factlog: FactLog) -> int:
         """Rewrite up to a batch of this profile's entries stored in another scheme than the

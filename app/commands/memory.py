@@ -236,6 +236,12 @@ def run_stats(log: FactLog, pid: int, args: argparse.Namespace, console: Console
     if config is None:
         return 2
     report = {"profile": args.profile_name, **footprint(log, pid, paths.kv_dir(), config)}
+    fingerprint, _ = _current_fingerprint(config)
+    report["model_in_use"] = fingerprint
+    # after a model switch: how far its re-encode is (the rest goes in as text until then)
+    report["encoded_for_model_in_use"] = (
+        None if fingerprint is None else log.facts_encoded_for(pid, fingerprint)
+    )
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -263,6 +269,19 @@ def run_stats(log: FactLog, pid: int, args: argparse.Namespace, console: Console
     out.print(
         f"{size_text(report['disk_bytes'])} in all; {size_text(report['disk_free_bytes'])} free"
     )
+    encoded = report["encoded_for_model_in_use"]
+    if encoded is not None:
+        left = report["facts"] - encoded
+        out.print(
+            f"the model in use ({fingerprint[:16]}) has KV for {encoded} of {report['facts']}"
+            " memories"
+            + (
+                f"; {left} are encoded in the background while the assistant runs (given as"
+                " text until then)"
+                if left > 0
+                else ""
+            )
+        )
     deferred = report["deferred_by_reason"]
     why = ", ".join(f"{n} {reason}" for reason, n in sorted(deferred.items()))
     out.print(

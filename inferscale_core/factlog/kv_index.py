@@ -63,6 +63,32 @@ class KVIndexMixin(FactLogBase):
         ).fetchall()
         return [fact_from_row(r) for r in rows]
 
+    def kv_coverage(
+        self, profile_id: int, model_fingerprint: str, w: int, encoder_version: str | int
+    ) -> tuple[int, int, int]:
+        """``(active, encoded, elsewhere)``: the profile's active facts, those with an entry for
+        this encoding, and those without one that have an entry of another encoding (another
+        model, window or encoder: what a switch leaves to encode again)."""
+        here = (
+            "EXISTS (SELECT 1 FROM kv_entries k WHERE k.fact_id = f.id"
+            " AND k.model_fingerprint = ? AND k.w = ? AND k.encoder_version = ?)"
+        )
+        row = self.db.execute(
+            f"SELECT count(*), coalesce(sum({here}), 0), coalesce(sum(NOT {here} AND EXISTS"
+            " (SELECT 1 FROM kv_entries o WHERE o.fact_id = f.id)), 0)"
+            " FROM facts f WHERE profile_id = ? AND status = 'active'",
+            (*(model_fingerprint, w, str(encoder_version)) * 2, profile_id),
+        ).fetchone()
+        return int(row[0]), int(row[1]), int(row[2])
+
+    def facts_encoded_for(self, profile_id: int, model_fingerprint: str) -> int:
+        """How many of the profile's active facts have an entry of that model (any window)."""
+        return self.db.execute(
+            "SELECT count(*) FROM facts f WHERE profile_id = ? AND status = 'active' AND EXISTS"
+            " (SELECT 1 FROM kv_entries k WHERE k.fact_id = f.id AND k.model_fingerprint = ?)",
+            (profile_id, model_fingerprint),
+        ).fetchone()[0]
+
     def record_kv(
         self,
         fact_id: int,

@@ -137,7 +137,7 @@ def test_every_new_command_has_help(argv, capsys):
     assert "usage: inferscale-assistant" in capsys.readouterr().out
 
 
-def test_memory_stats_counts_memories_and_the_disk_their_kv_takes(home, capsys):
+def test_memory_stats_counts_memories_and_the_disk_their_kv_takes(home, capsys, smollm2_path):
     store = KVStore(paths.kv_dir() / "fp1", fingerprint="fp1", store_dtype="int4")
     shape = (2, 5, 1, 64)  # [layers, tokens, kv_heads, head_dim]
     for i in range(3):
@@ -157,8 +157,11 @@ def test_memory_stats_counts_memories_and_the_disk_their_kv_takes(home, capsys):
     }
     on_disk = sum(p.stat().st_size for p in (paths.kv_dir() / "fp1").glob("*.safetensors"))
     assert int4["disk_bytes"] == on_disk and report["disk_bytes"] >= on_disk
+    # none of the entries is the model in use's (SmolLM2's): all 3 wait to be encoded for it
+    assert report["model_in_use"] and report["encoded_for_model_in_use"] == 0
     code, out = _run(capsys, "memory", "stats")
     assert code == 0 and "3 memories" in out and "int4 3" in out and "model 1" in out
+    assert "has KV for 0 of 3 memories; 3 are encoded in the background" in out
 
 
 def test_doctor_says_how_the_store_keeps_entries(home, capsys):

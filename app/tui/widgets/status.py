@@ -56,6 +56,8 @@ def status_text(app) -> Text:
         text.append("memory: ")
         text.append(f"{stats.pending_turns} turns, {stats.pending_facts} facts queued")
         text.append(f" · {stats.encoded_facts:,} encoded · {stats.encode_rate:.1f} facts/s")
+        if stats.reencoding:  # a new model: its memories go in as text until encoded
+            text.append(f" · re-encoding for this model, {stats.reencoding:,} left")
         if stats.to_convert:
             text.append(f" · converting, {stats.to_convert:,} left")
         if stats.paused:
