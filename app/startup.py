@@ -12,6 +12,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TextIO
 
 from rich.console import Console
@@ -32,9 +33,10 @@ def quiet_engine_logs() -> None:
 
 
 @contextlib.contextmanager
-def quiet_stderr() -> Iterator[TextIO]:
+def quiet_stderr(log: Path | None = None) -> Iterator[TextIO]:
     """Drop what third parties write to stderr: vLLM's and torch's warnings, logs (below
-    ERROR) and progress bars, from Python, C and the engine's child processes (fd 2) alike.
+    ERROR) and progress bars, from Python, C and the engine's child processes (fd 2) alike;
+    with ``log`` (a long-running command: the daemon), append all of it there instead (0600).
     Yields the real stderr, for the command's own lines (its one error line); restored on
     the way out, so an unexpected traceback is still seen."""
     sys.stderr.flush()
@@ -44,23 +46,28 @@ def quiet_stderr() -> Iterator[TextIO]:
         ours = True
     saved = os.dup(2)
     real = sys.stderr if ours else os.fdopen(os.dup(saved), "w", buffering=1, errors="replace")
-    null = os.open(os.devnull, os.O_WRONLY)
+    if log is None:
+        sink = os.open(os.devnull, os.O_WRONLY)
+    else:
+        log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        sink = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         with (
-            open(os.devnull, "w") as dropped,
+            os.fdopen(os.dup(sink), "w", buffering=1, errors="replace") as dropped,
             contextlib.redirect_stderr(dropped),
             warnings.catch_warnings(),
         ):
-            warnings.simplefilter("ignore")
-            logging.disable(logging.WARNING)
-            os.dup2(null, 2)
+            if log is None:
+                warnings.simplefilter("ignore")
+                logging.disable(logging.WARNING)
+            os.dup2(sink, 2)
             try:
                 yield real
             finally:
                 os.dup2(saved, 2)
                 logging.disable(logging.NOTSET)
     finally:
-        os.close(null)
+        os.close(sink)
         os.close(saved)
         if real is not sys.stderr:
             real.close()

@@ -17,6 +17,8 @@ from rich.markup import escape
 
 from app.user_config import load_config
 
+LOG_NAME = "daemon.log"  # in the cache folder: the engine's output, unless --verbose
+
 
 def run_daemon(config, console: Console, verbose: bool = False) -> int:
     from app.resident import Resident, connect
@@ -82,4 +84,13 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     config = load_config(console)
     if config is None:
         return 2
-    return run_daemon(config, console, verbose=args.verbose)
+    if args.verbose:
+        return run_daemon(config, console, verbose=True)
+    from app.startup import quiet_stderr
+    from inferscale_core import paths
+
+    log = paths.cache_dir() / LOG_NAME
+    with quiet_stderr(log) as stderr:  # its own lines here; the engine's in the log file
+        console = Console(file=stderr, stderr=True)
+        console.print(f"engine output goes to {log} (--verbose: here)", soft_wrap=True)
+        return run_daemon(config, console)
