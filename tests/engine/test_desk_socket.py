@@ -14,10 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from inferscale_core import wiring
 from inferscale_core.composer import TurnRejected
-from inferscale_core.config import AppConfig
-from inferscale_core.desk import Desk
 from inferscale_core.desk_socket import (
     DeskBusyError,
     DeskServer,
@@ -26,27 +23,14 @@ from inferscale_core.desk_socket import (
     peer_uid,
     socket_path,
 )
-from inferscale_core.extractor import DeterministicExtractor
-from inferscale_core.session import SessionConfig
+from tests.support.desk import started_desk
 
 NOBODY = 65534
 
 
 @pytest.fixture(scope="module")
 def desk(runtime, tmp_path_factory):
-    db = tmp_path_factory.mktemp("desk") / "memory.db"
-
-    def opener(on_step):
-        return wiring.open_session(
-            runtime,
-            AppConfig(),
-            db,
-            extractor=DeterministicExtractor(),
-            session_config=SessionConfig(k=5, w=2, max_tokens=8, history_turns=2),
-        )
-
-    desk = Desk(db, "default", opener)
-    desk.start().result()
+    desk = started_desk(runtime, tmp_path_factory.mktemp("desk") / "memory.db")
     yield desk
     desk.close()
 

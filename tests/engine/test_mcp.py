@@ -15,12 +15,9 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from inferscale_core import paths, wiring
-from inferscale_core.config import AppConfig
-from inferscale_core.desk import Desk
+from inferscale_core import paths
 from inferscale_core.desk_socket import DeskServer, socket_path
-from inferscale_core.extractor import DeterministicExtractor
-from inferscale_core.session import SessionConfig
+from tests.support.desk import started_desk
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,17 +33,7 @@ def resident(runtime, home):
     db = home / "data" / "memory.db"
     paths.private_dir(db.parent)
 
-    def opener(on_step):
-        return wiring.open_session(
-            runtime,
-            AppConfig(),
-            db,
-            extractor=DeterministicExtractor(),
-            session_config=SessionConfig(k=5, w=2, max_tokens=8, history_turns=2),
-        )
-
-    desk = Desk(db, "default", opener)
-    desk.start().result()
+    desk = started_desk(runtime, db)
     old = os.environ["INFERSCALE_HOME"]
     os.environ["INFERSCALE_HOME"] = str(home)  # the socket where the server process looks
     try:
