@@ -8,7 +8,11 @@ the dense list's weight 1, the keyword list's ``KEYWORD_WEIGHT``. When the quest
 the people of the profile's conversations (a turn's speaker, not "user" or "assistant"; named as
 spoken: "Will", not the "will" of "when will…"), a third list adds ``PEOPLE_WEIGHT / (RRF_K +
 r)``: the fused candidates that person said, in fused order (who said a fact = the speaker of
-its first source turn). Either ranking alone is a ``mode``.
+its first source turn). A question naming someone by a relation ("my cousin Alex", "Alex from
+work", "my sister": :mod:`inferscale_core.retriever_people`) adds such a list of the candidates
+about that person (named so in the text, or "she"/"he" after a turn that names them), and a
+candidate naming the same first name with another relation loses its BM25 share. Either
+ranking alone is a ``mode``.
 
 The constants come from the LoCoMo recall bench (``inferscale-assistant bench recall``: 1,536
 questions, the ~5,500 facts the product's own extractor makes; R@10 / R@50): dense 0.549 / 0.768;
@@ -21,7 +25,8 @@ from 1.5 to 3 all score within a point of that; the constants were chosen on the
 names nothing (no :func:`particulars`) weighs the keyword list ``KEYWORD_WEIGHT_PLAIN`` (0.5):
 on paraphrases ("How much do I earn?") BM25 at 2 pulled hybrid below dense; ``bench fusion``
 re-chose all of them on a split (LoCoMo 0-4 and the life set; 5-9 held out) and found today's
-within its noise (docs/BENCHMARKS.md, "What is true now").
+within its noise (docs/BENCHMARKS.md, "What is true now"). A year is not a particular here:
+every fact of that year has it among its date words, and the interval step serves it.
 
 What is true now: a fact that stopped being true (``Fact.valid_until``, closed by the fact log
 when a later fact replaced it: :mod:`inferscale_core.factlog.validity`) stays searchable, but a
@@ -32,9 +37,12 @@ held then first: those among the fused hits in their order, then the others of t
 cosine. A hybrid search for a question about the present also favours what was said later
 (``RECENCY_WEIGHT``): most changes are never said as plainly as a pattern needs ("First week at
 Zalando done"), so the log cannot close the old fact; the later of two good answers is the
-likelier true one. The time steps reorder the hits the ranking gives (``INTERVAL_READ * k`` of
-them for a question naming days; successors and the interval's facts read from the log), so a
-question without a time word or a closed fact costs nothing more.
+likelier true one. And each of its first hits gets just above it the newest fact said after
+it that restates it (:mod:`inferscale_core.retriever_newer`: near the hit in the index, as
+relevant to the question), or, when that later fact ends it ("I quit the Thursday
+football"), the hit goes after the others. The time steps reorder the hits the ranking gives
+(``INTERVAL_READ * k`` of them for a question naming days; successors and the interval's facts
+read from the log), so a question without a time word or a closed fact costs nothing more.
 
 Each profile has its own vector index, so a search can only ever see that profile's facts. An
 index is built on the profile's first use from the embeddings stored in the fact log
@@ -68,6 +76,13 @@ import torch
 from inferscale_core import retrieval_thread
 from inferscale_core.embedder import Embedder
 from inferscale_core.factlog import FactLog, InactiveFactError
+from inferscale_core.retriever_newer import (
+    NEWER_ANCHORS,
+    NEWER_NEIGHBOURS,
+    ends_it,
+    newest_restatement,
+)
+from inferscale_core.retriever_people import agrees, asked_about
 from inferscale_core.time_query import asks_about_past, asks_about_present, question_interval
 from inferscale_core.types import Fact, Hit
 from inferscale_core.vector_index import VectorIndex, make_index
@@ -256,9 +271,11 @@ class Retriever:
         elif mode == "dense":
             hits = self._search(profile_id, question, n, later)
         else:
-            present = RECENCY_WEIGHT > 0 and asks_about_present(question, today)
-            hits = self._hybrid(profile_id, question, n, later, present)
+            present = asks_about_present(question, today)
+            hits = self._hybrid(profile_id, question, n, later, present and RECENCY_WEIGHT > 0)
         hits = self._in_time(profile_id, question, hits, k, today, interval, later)
+        if mode == "hybrid" and present and NEWER_ANCHORS > 0:
+            hits = self._newer_first(profile_id, question, hits, k, later)
         if order == "best_last":
             hits.reverse()
         elif order == "chronological":
@@ -335,9 +352,12 @@ class Retriever:
         dense = _without(dense, skip, n)
         # BM25 finds the names and numbers a question says; without any, its words are
         # paraphrase-prone ("How much do I earn?" vs "My new salary is 4,100")
-        weight = KEYWORD_WEIGHT if particulars(question) else KEYWORD_WEIGHT_PLAIN
+        weight = KEYWORD_WEIGHT if particulars(question) - _TIME_WORDS else KEYWORD_WEIGHT_PLAIN
         top = (1 + weight) / (RRF_K + 1)  # the score of a fact first in every list
         if person is not None:
+            top += PEOPLE_WEIGHT / (RRF_K + 1)
+        asked = asked_about(question)  # "my cousin Alex", "Alex from work", "my sister"
+        if asked:
             top += PEOPLE_WEIGHT / (RRF_K + 1)
         if present:
             top *= 1 + RECENCY_WEIGHT
@@ -353,6 +373,16 @@ class Retriever:
                 return (-fused[fid], dense_rank.get(fid, n + 1), fid)  # noqa: B023
 
             ranked = sorted(fused, key=order)
+            if asked:  # the person the question names by a relation, not another of the name
+                read = self.log.fact_texts_with_context(ranked)
+                about = {fid: agrees(asked, *read[fid]) for fid in ranked if fid in read}
+                for rank, (fid, _) in enumerate(keyword, start=1):
+                    if about.get(fid) is False:  # BM25 matched the name only
+                        fused[fid] -= weight / (RRF_K + rank)
+                theirs = [fid for fid in ranked if about.get(fid)]
+                for rank, fid in enumerate(theirs, start=1):
+                    fused[fid] += PEOPLE_WEIGHT / (RRF_K + rank)
+                ranked.sort(key=order)
             if person is not None:
                 self._read_speakers(said, ranked)
                 theirs = [fid for fid in ranked if (said[fid] or "").casefold() == person]
@@ -397,6 +427,58 @@ class Retriever:
             ranked = self._current_first(profile_id, ranked, skip)
         if [f.id for f, _ in ranked[:k]] == [h.fact.id for h in hits]:
             return hits  # (then len(hits) <= k)
+        return [Hit(f, score, rank) for rank, (f, score) in enumerate(ranked[:k], start=1)]
+
+    def _newer_first(
+        self, profile_id: int, question: str, hits: list[Hit], k: int, skip: frozenset[int]
+    ) -> list[Hit]:
+        """For a question about the present: each of the first ``NEWER_ANCHORS`` open hits
+        gets, just above it, the newest fact said after it that restates the same thing
+        (:func:`~inferscale_core.retriever_newer.newest_restatement`), read from the index."""
+        anchors = [h.fact.id for h in hits[:NEWER_ANCHORS] if h.fact.valid_until is None]
+        if not anchors:
+            return hits
+        stored = self.log.embeddings_of(profile_id, self.embedder.name, anchors)
+        dim = self.embedder.dim
+        stored = [(fid, blob) for fid, blob in stored if len(blob) == 4 * dim]
+        if not stored:
+            return hits
+        index = self._index(profile_id)
+        vectors = _decode([blob for _, blob in stored], dim)  # [a, dim]
+        found = retrieval_thread.submit(index.search, vectors, NEWER_NEIGHBOURS).result()
+        near = {
+            fid: [(other, c) for other, c in pairs if other != fid and other not in skip]
+            for (fid, _), pairs in zip(stored, found, strict=True)
+        }
+        ids = sorted({fid for pairs in near.values() for fid, _ in pairs} | set(near))
+        said = self.log.fact_said_days(ids)
+        asked = dict(self._dense_among(profile_id, question, ids))
+        facts = self._active_facts(profile_id, ids)
+        endings = frozenset(fid for fid, fact in facts.items() if ends_it(fact.text))
+        chosen = {
+            fid: new
+            for fid, pairs in near.items()
+            if (new := newest_restatement(fid, pairs, said, asked, endings)) is not None
+        }
+        if not chosen:
+            return hits
+        ranked: list[tuple[Fact, float]] = []
+        ended: list[tuple[Fact, float]] = []  # anchors a newer statement ended: after the rest
+        placed: set[int] = set()
+        for hit in hits:
+            new = chosen.get(hit.fact.id)
+            fact = facts.get(new) if new is not None else None
+            if fact is not None and fact.valid_until is None:
+                if new not in placed:
+                    ranked.append((fact, hit.score))
+                    placed.add(fact.id)
+                if new in endings and hit.fact.id not in placed:
+                    ended.append((hit.fact, hit.score))
+                    placed.add(hit.fact.id)
+            if hit.fact.id not in placed:
+                ranked.append((hit.fact, hit.score))
+                placed.add(hit.fact.id)
+        ranked += ended
         return [Hit(f, score, rank) for rank, (f, score) in enumerate(ranked[:k], start=1)]
 
     def _interval_first(
@@ -584,6 +666,12 @@ class Retriever:
             if index is not None:  # else built from the log, with these, on first use
                 index.add([facts[i].id for i in rows], vectors[rows])
         return len(kept)
+
+
+_TIME_WORDS = frozenset(str(year) for year in range(1900, 2100))
+"""A year is no particular: the interval step serves it, and every fact of 2024 has "2024"
+among its date words, so BM25 on it alone only adds noise (a month name still counts: the
+keyword list is what finds the facts dated in that month)."""
 
 
 def _without(

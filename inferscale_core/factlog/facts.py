@@ -270,6 +270,18 @@ class FactsMixin(ValidityMixin, AuditMixin, KVIndexMixin, EmbeddingsMixin, Reply
             found.update((row[0], fact_from_row(row)) for row in rows)
         return found
 
+    def fact_texts_with_context(self, ids: Sequence[int]) -> dict[int, tuple[str, str]]:
+        """``{fact id: (its text, its search context)}`` for those ``ids`` that exist (the
+        context: :func:`~inferscale_core.factlog.fulltext.search_context`)."""
+        found: dict[int, tuple[str, str]] = {}
+        for chunk, marks in id_chunks(ids):
+            rows = self.db.execute(
+                f"SELECT id, text, COALESCE(search_context, '') FROM facts WHERE id IN ({marks})",
+                chunk,
+            ).fetchall()
+            found.update((fid, (text, context)) for fid, text, context in rows)
+        return found
+
     def fact_speakers(self, ids: Sequence[int]) -> dict[int, str]:
         """``{fact id: speaker of its first source turn}`` for those ``ids`` that have one
         (who said it; a fact added by hand, or whose conversation was deleted, has none)."""
