@@ -1,14 +1,21 @@
 """A real ``inferscale-assistant serve`` on loopback: its own process (vLLM's engine core and
-worker in theirs), its own INFERSCALE_HOME, users made with the real ``users add``."""
+worker in theirs), its own INFERSCALE_HOME, users made with the real ``users add``.
+
+Each start is an engine start (~25 s on an idle 2-core machine), so the package shares two
+servers, each started once (and again after a test kills it): ``one_process`` (api, edge,
+inputs, isolation) and ``front``, ``--api-processes 2`` (edge, inputs, processes). Their tests
+keep to their own users' memories, or to users of their own."""
 
 from __future__ import annotations
 
 import http.client
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -127,6 +134,9 @@ class Server:
             )
         wait_healthy(self.proc, f"http://127.0.0.1:{self.port}", self.log)
 
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def log_tail(self, chars: int = 4000) -> str:
         return _tail(self.log, chars)
 
@@ -189,12 +199,62 @@ class Server:
             self.proc.wait()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path):
-    srv = Server(tmp_path_factory.mktemp("serve-home"))
-    srv.tokens = {name: srv.add_user(name) for name in ("ana", "bo", "cy", "ed")}  # type: ignore[attr-defined]
+class RuntimeDirServer(Server):
+    """A server whose runtime dir (``XDG_RUNTIME_DIR``) is a short folder of its own: the API
+    processes' sockets live there (their paths must fit), and a test can look at them."""
+
+    def __init__(self, home: Path, api_processes: int = 1) -> None:
+        super().__init__(home, api_processes)
+        self.runtime = Path(tempfile.mkdtemp(prefix="xdg-"))  # short: sockets' paths fit
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(super().env, XDG_RUNTIME_DIR=str(self.runtime))
+
+    def pids(self) -> list[int]:
+        return [int(line.split()[0]) for line in self.group_members()]
+
+
+# The shared servers' users. "fay" is the one the edge tests import an export for, and "ivy"
+# never remembers anything (test_serve_inputs checks her export stays empty): the others'
+# memories stay as the tests that use them expect (test_serve_processes counts them exactly,
+# test_serve_isolation watches cy's requests in the engine).
+SHARED_USERS = ("ana", "bo", "cy", "ed", "fay", "ivy")
+STALE_UPLOAD = ".upload-left-by-a-crash"  # an unfinished upload of a server killed mid-write
+
+
+def _shared(home: Path, api_processes: int):
+    srv = RuntimeDirServer(home, api_processes)
+    srv.tokens = {name: srv.add_user(name) for name in SHARED_USERS}  # type: ignore[attr-defined]
+    # What a server killed mid-upload leaves: the first start removes it (test_serve_inputs).
+    left = srv.data / "inbox" / "ana"
+    for folder in (srv.data, left.parent, left):  # private, as the server makes its own
+        folder.mkdir(exist_ok=True, mode=0o700)
+    (left / STALE_UPLOAD).write_bytes(b"x" * 4096)
     srv.start()
     try:
         yield srv
     finally:
         srv.stop()
+        shutil.rmtree(srv.runtime, ignore_errors=True)
+
+
+@pytest.fixture(scope="package")
+def one_process(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path):
+    """``serve`` in one process, shared by the package (see the module's docstring)."""
+    yield from _shared(tmp_path_factory.mktemp("serve-one"), api_processes=1)
+
+
+@pytest.fixture(scope="package")
+def front(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path):
+    """``serve --api-processes 2``, shared by the package: ana's requests go to process 0,
+    bo's to process 1. A test that stops or kills it starts it again, or leaves it to the
+    next user of the fixture: :func:`started`."""
+    yield from _shared(tmp_path_factory.mktemp("serve-front"), api_processes=2)
+
+
+def started(srv: Server) -> Server:
+    """``srv``, started again if a test before stopped or killed it."""
+    if not srv.running():
+        srv.start()
+    return srv

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from tests.importers._helpers import FIXTURES
-from tests.serve.conftest import idle_connection_still_served
+from tests.serve.conftest import idle_connection_still_served, started
 
 NAMES = [
     f"{a}{b}" for a in ("Ka", "Lo", "Mi", "Nu", "Pe") for b in ("ran", "tis", "vel", "dor", "mex")
@@ -94,6 +94,13 @@ def remember_all(server, user: str, texts: list[str]) -> list[int]:
             assert r.status_code == 201, r.text
             ids.append(r.json()["id"])
     return ids
+
+
+@pytest.fixture(scope="module")
+def server(one_process):
+    """The package's one-process ``serve``; this module uses it first (ana and bo get their 50
+    memories each on a fresh server) and kills it last (a kill -9 mid-encode, then a start)."""
+    return started(one_process)
 
 
 @pytest.fixture(scope="module")

@@ -5,16 +5,14 @@ processes' socket folder in the runtime dir, a killed server's removed at the ne
 
 from __future__ import annotations
 
-import shutil
 import socket
-import tempfile
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.importers._helpers import FIXTURES
-from tests.serve.conftest import Server
+from tests.serve.conftest import RuntimeDirServer, started
 from tests.serve.test_serve_api import auth, model_name
 
 MIB = 1 << 20
@@ -22,31 +20,10 @@ BIG_MIB = 200  # an unauthenticated body, as in the attack (issue 35, finding 2)
 ERROR_KEYS = {"message", "type", "param", "code"}  # OpenAI's error object
 
 
-class EdgeServer(Server):
-    """A server whose runtime dir (``XDG_RUNTIME_DIR``) is a short folder of the test's."""
-
-    def __init__(self, home: Path, api_processes: int) -> None:
-        super().__init__(home, api_processes)
-        self.runtime = Path(tempfile.mkdtemp(prefix="xdg-"))  # short: sockets' paths fit
-
-    @property
-    def env(self) -> dict[str, str]:
-        return dict(super().env, XDG_RUNTIME_DIR=str(self.runtime))
-
-    def pids(self) -> list[int]:
-        return [int(line.split()[0]) for line in self.group_members()]
-
-
 @pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "front"])
-def edge(request: pytest.FixtureRequest, tmp_path_factory, smollm2_path):
-    srv = EdgeServer(tmp_path_factory.mktemp("serve-edge"), api_processes=request.param)
-    srv.tokens = {name: srv.add_user(name) for name in ("ana", "bo")}  # type: ignore[attr-defined]
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-        shutil.rmtree(srv.runtime, ignore_errors=True)
+def edge(request: pytest.FixtureRequest) -> RuntimeDirServer:
+    """The package's shared ``serve``, in one process or behind the front."""
+    return started(request.getfixturevalue("one_process" if request.param == 1 else "front"))
 
 
 def raw_post(
@@ -180,7 +157,7 @@ def test_an_import_of_unknown_length_streams_through(edge):
     r = httpx.post(
         f"{edge.base}/memories/import?filename=conversations.json",
         content=pieces(),
-        headers=auth(edge.tokens["ana"]),
+        headers=auth(edge.tokens["fay"]),  # the shared servers' importer
         timeout=120,
     )
     assert r.status_code == 200, r.text

@@ -11,24 +11,15 @@ import httpx
 import pytest
 
 from app.serve.memory_routes import INBOX_QUOTA_BYTES
-from tests.serve.conftest import Server
+from tests.serve.conftest import STALE_UPLOAD, started
 from tests.serve.test_serve_api import auth, hang_up_on_a_whole_reply, model_name
-
-STALE = ".upload-left-by-a-crash"  # an unfinished upload of a server killed mid-write
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, smollm2_path):
-    srv = Server(tmp_path_factory.mktemp("serve-inputs"))
-    srv.tokens = {name: srv.add_user(name) for name in ("ana", "bo", "cy")}  # type: ignore[attr-defined]
-    left = srv.data / "inbox" / "ana"
-    left.mkdir(parents=True, mode=0o700)
-    (left / STALE).write_bytes(b"x" * 4096)
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
+def server(one_process):
+    """The package's one-process ``serve``: ana's inbox held an unfinished upload before its
+    first start (conftest's ``STALE_UPLOAD``)."""
+    return started(one_process)
 
 
 def openai_error(r: httpx.Response, code: int) -> dict:
@@ -62,7 +53,7 @@ def raw_json(payload: dict) -> bytes:
 
 
 def test_unfinished_uploads_are_removed_at_start(server):
-    assert not (server.data / "inbox" / "ana" / STALE).exists()
+    assert not (server.data / "inbox" / "ana" / STALE_UPLOAD).exists()
 
 
 @pytest.mark.parametrize("fact_id", ["1" + "0" * 22, str(1 << 63), str((1 << 63) - 1), "-1"])
@@ -95,19 +86,19 @@ def test_text_with_a_lone_surrogate_or_nul_is_a_400(server, log_start, kind):
         ("memories", {"text": text}),
         ("memories/search", {"query": text}),
     ]
-    bo = auth(server.tokens["bo"])
-    as_json = {**bo, "Content-Type": "application/json"}
+    ivy = auth(server.tokens["ivy"])  # a user who has remembered nothing
+    as_json = {**ivy, "Content-Type": "application/json"}
     for route, payload in requests:
         r = httpx.post(
             f"{server.base}/{route}", content=raw_json(payload), headers=as_json, timeout=60
         )
         error = openai_error(r, 400)
         assert error["param"] and ("NUL" in error["message"] or "surrogate" in error["message"])
-    r = httpx.get(f"{server.base}/memories", params={"q": "a\x00b"}, headers=bo)
+    r = httpx.get(f"{server.base}/memories", params={"q": "a\x00b"}, headers=ivy)
     assert openai_error(r, 400)["param"] == "q"
-    r = httpx.get(f"{server.base}/memories", params={"q": "x" * 1001}, headers=bo)
+    r = httpx.get(f"{server.base}/memories", params={"q": "x" * 1001}, headers=ivy)
     assert "at most 1000 characters" in openai_error(r, 400)["message"]
-    r = httpx.get(f"{server.base}/memories/export", headers=bo)
+    r = httpx.get(f"{server.base}/memories/export", headers=ivy)
     assert r.status_code == 200 and r.json()["facts"] == []  # nothing was remembered
     no_traceback(server, log_start)
 
@@ -142,7 +133,8 @@ def test_uploads_past_the_inbox_quota_are_refused_and_nothing_kept_is_deleted(se
     """The user's quarantine already holds nearly their quota (a sparse file: no disk used):
     an upload that does not fit gets a 413 and the old file stays; one that fits is taken."""
     quarantine = server.data / "inbox" / "bo" / "quarantine"
-    quarantine.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for folder in (quarantine.parent, quarantine):  # private, as the server makes its own
+        folder.mkdir(exist_ok=True, mode=0o700)
     old = quarantine / "old.json"
     with old.open("wb") as f:
         f.truncate(INBOX_QUOTA_BYTES - 1000)
@@ -187,15 +179,9 @@ def test_a_client_that_hangs_up_on_a_reply_aborts_it(server, log_start):
 
 
 @pytest.fixture(scope="module")
-def group(tmp_path_factory: pytest.TempPathFactory, smollm2_path):
+def group(front):
     """``serve --api-processes 2``: ana's requests go to process 0, bo's to process 1."""
-    srv = Server(tmp_path_factory.mktemp("serve-inputs-group"), api_processes=2)
-    srv.tokens = {name: srv.add_user(name) for name in ("ana", "bo")}  # type: ignore[attr-defined]
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
+    return started(front)
 
 
 def test_the_same_errors_behind_the_front(group):

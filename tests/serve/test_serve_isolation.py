@@ -14,7 +14,16 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.serve.conftest import started
+
 MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def server(one_process):
+    """The package's one-process ``serve``, after test_serve_api's: what each test here checks
+    holds whatever other users (or the same users, earlier) stored."""
+    return started(one_process)
 
 
 def auth(token: str) -> dict[str, str]:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from app.serve.front import owner
-from tests.serve.conftest import Server, idle_connection_still_served
+from tests.serve.conftest import idle_connection_still_served, started
 from tests.serve.test_serve_api import (
     CITIES,
     NAMES,
@@ -45,18 +45,15 @@ QUESTIONS = {
 
 
 @pytest.fixture(scope="module")
-def group(tmp_path_factory: pytest.TempPathFactory, smollm2_path):
-    srv = Server(tmp_path_factory.mktemp("serve-group"), api_processes=2)
-    srv.tokens = {name: srv.add_user(name) for name in USERS}  # type: ignore[attr-defined]
-    srv.start()
-    try:
-        ids = {user: set(remember_all(srv, user, FACTS[user])) for user in USERS}
-        for user in USERS:
-            wait_encoded(srv, user, len(FACTS[user]))
-        srv.memories = ids  # type: ignore[attr-defined]
-        yield srv
-    finally:
-        srv.stop()
+def group(front):
+    """The package's ``serve --api-processes 2`` (the tests here stop and kill it last), ana
+    and bo with 12 memories each, encoded."""
+    srv = started(front)
+    ids = {user: set(remember_all(srv, user, FACTS[user])) for user in USERS}
+    for user in USERS:
+        wait_encoded(srv, user, len(FACTS[user]))
+    srv.memories = ids  # type: ignore[attr-defined]
+    return srv
 
 
 def test_each_user_is_served_by_their_own_process_from_their_own_memory(group):
