@@ -77,6 +77,15 @@ def hf_model(hf_oracle):
     return hf_oracle.model
 
 
+@pytest.fixture(scope="session")
+def minilm():
+    """The packaged MiniLM embedder, loaded once for the session (a few seconds a load on
+    the 2-core machine): sessions only read it, and one lock serialises its threads."""
+    from inferscale_core.embedder import SentenceTransformerEmbedder
+
+    return SentenceTransformerEmbedder()
+
+
 @pytest.fixture
 def log(tmp_path: Path):
     """A fact log in a real SQLite file of the test's own, closed afterwards."""

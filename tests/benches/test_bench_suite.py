@@ -270,16 +270,13 @@ def test_build_with_every_fact_recomputed_is_prompt_injection(runtime):
     assert result.injected_tokens == tail.span_end and result.refused is None
 
 
-def test_retrieval_smoke_exact_on_the_cpu_cagra_skipped(tmp_path):
-    from inferscale_core.embedder import SentenceTransformerEmbedder
-
-    embedder = SentenceTransformerEmbedder()
+def test_retrieval_smoke_exact_on_the_cpu_cagra_skipped(minilm, tmp_path):
     unique = retrieval.locomo_texts(DATA)  # the fixture's observations and turns
     assert len(unique) == 128 and len(set(unique)) == len(unique)
-    vectors = retrieval.locomo_vectors(DATA, embedder, texts=100, questions=12)
+    vectors = retrieval.locomo_vectors(DATA, minilm, texts=100, questions=12)
     assert vectors.corpus.shape == (100, 384) and vectors.queries.shape == (12, 384)
     assert "100 of 128 unique texts" in vectors.source["texts"]
-    encoder = retrieval.QueryEncoder(lambda text: embedder.embed([text]), "MiniLM", "trained")
+    encoder = retrieval.QueryEncoder(lambda text: minilm.embed([text]), "MiniLM", "trained")
     result = retrieval.run_retrieval(
         vectors, [500, 2000], k=50, queries=12, device="cpu", encoder=encoder
     )
@@ -306,7 +303,7 @@ def test_retrieval_smoke_exact_on_the_cpu_cagra_skipped(tmp_path):
     # The GPU machine's way: exported vectors, MiniLM's config and tokenizer without weights.
     npz = tmp_path / "vectors.npz"
     retrieval.save_vectors(vectors, npz)
-    assert retrieval.copy_minilm_config(embedder.model_dir, retrieval.minilm_config_dir(npz)) < 1e6
+    assert retrieval.copy_minilm_config(minilm.model_dir, retrieval.minilm_config_dir(npz)) < 1e6
     assert torch.allclose(retrieval.load_vectors(npz).corpus, vectors.corpus, atol=1e-6)
     out = tmp_path / "gpu-like"
     retrieval.main([str(out), "--vectors", str(npz), "--sizes", "300", "--queries", "4"])

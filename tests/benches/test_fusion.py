@@ -19,7 +19,6 @@ import pytest
 from bench import fusion, life_set, updates
 from bench.locomo_data import default_path, load
 from inferscale_core import retriever as retriever_module
-from inferscale_core.embedder import SentenceTransformerEmbedder
 from tests.support import REPO
 
 MINI = REPO / "tests" / "fixtures" / "recall_mini.json"
@@ -30,11 +29,6 @@ TINY = {
     "CANDIDATES": (2,),
     "RECENCY_WEIGHT": (0.0,),
 }
-
-
-@pytest.fixture(scope="module")
-def minilm() -> SentenceTransformerEmbedder:
-    return SentenceTransformerEmbedder()
 
 
 @pytest.fixture(scope="module")

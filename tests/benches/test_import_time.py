@@ -9,7 +9,6 @@ import pytest
 
 from bench import import_time
 from inferscale_core.config import AppConfig
-from inferscale_core.embedder import SentenceTransformerEmbedder
 from inferscale_core.session import HOWS
 
 pytestmark = pytest.mark.engine
@@ -29,7 +28,7 @@ def test_the_export_is_a_jsonl_log_of_unique_dated_statements(tmp_path):
     assert sum(p.recent for p in probes) == 3 and all(p.name in p.text for p in probes)
 
 
-def test_import_bench_eager_encodes_all_lazy_defers_the_old(runtime, tmp_path):
+def test_import_bench_eager_encodes_all_lazy_defers_the_old(runtime, minilm, tmp_path):
     # w=0: a quick encode on this CPU; recompute=0: the best hit injected when it can be
     config = AppConfig(w=0, kv_disk_budget="off", recompute=0)
     result = import_time.run_import(
@@ -42,7 +41,7 @@ def test_import_bench_eager_encodes_all_lazy_defers_the_old(runtime, tmp_path):
         limit=120,
         max_tokens=2,
         poll=0.2,
-        embedder=SentenceTransformerEmbedder(),
+        embedder=minilm,
     )
     assert result["bench"] == "import" and result["settings"]["recent_days"] == 30
     recent = result["export"]["recent_turns"]

@@ -23,7 +23,6 @@ import pytest
 from bench import recall
 from bench.locomo_data import CATEGORIES, load, questions
 from bench.recall_memory import CachedEmbedder, build_memory
-from inferscale_core.embedder import SentenceTransformerEmbedder
 from inferscale_core.factlog import FactLog
 from inferscale_core.retriever import MODES, Retriever
 from tests.support import REPO
@@ -32,11 +31,6 @@ MINI = REPO / "tests" / "fixtures" / "recall_mini.json"
 KS = (1, 2, 50)  # 50 > the fixture's facts: every fact comes back
 KEYWORD_ONLY = "What did Kai say about Pixel's limping?"  # evidence D2:5 of mini-2
 FILLER = "How did Ben answer about Quinlivan?"  # evidence "Haha, sure!": no fact
-
-
-@pytest.fixture(scope="module")
-def minilm() -> SentenceTransformerEmbedder:
-    return SentenceTransformerEmbedder()
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ import pytest
 from bench.locomo_score import kl_top
 from inferscale_core import wiring
 from inferscale_core.config import AppConfig
-from inferscale_core.embedder import SentenceTransformerEmbedder
 from inferscale_core.extractor import DeterministicExtractor
 from inferscale_core.prompt_builder import MemoryFact
 from inferscale_core.session import SessionConfig
@@ -73,12 +72,12 @@ def test_compressed_entries_inject_close_to_the_models_own(runtime, scheme, max_
     assert sum(kls) / len(kls) <= max_kl
 
 
-def test_a_damaged_entry_goes_in_as_text_and_is_encoded_again(runtime, tmp_path):
+def test_a_damaged_entry_goes_in_as_text_and_is_encoded_again(runtime, minilm, tmp_path):
     session = wiring.open_session(
         runtime,
         AppConfig(),
         tmp_path / "memory.db",
-        embedder=SentenceTransformerEmbedder(),
+        embedder=minilm,
         extractor=DeterministicExtractor(),
         session_config=SessionConfig(k=5, w=0, max_tokens=4, recompute=0),
     )

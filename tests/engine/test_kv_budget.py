@@ -10,7 +10,6 @@ import pytest
 
 from inferscale_core import wiring
 from inferscale_core.config import AppConfig
-from inferscale_core.embedder import SentenceTransformerEmbedder
 from inferscale_core.extractor import DeterministicExtractor
 from inferscale_core.memory_worker import EVICT_TO
 from inferscale_core.session import INJECTED, REENCODING, SessionConfig
@@ -29,14 +28,14 @@ def _names(n: int) -> list[str]:
     return sorted(names)
 
 
-def test_a_store_over_its_budget_keeps_to_it_and_loses_no_fact(runtime, tmp_path):
+def test_a_store_over_its_budget_keeps_to_it_and_loses_no_fact(runtime, minilm, tmp_path):
     store = runtime.store
     before = set(store.keys())  # the session's other tests share the store's folder
     session = wiring.open_session(
         runtime,
         AppConfig(kv_disk_budget="off"),
         tmp_path / "memory.db",
-        embedder=SentenceTransformerEmbedder(),
+        embedder=minilm,
         extractor=DeterministicExtractor(),
         session_config=SessionConfig(k=4, w=0, max_tokens=4, history_turns=0),
     )

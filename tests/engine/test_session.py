@@ -10,7 +10,6 @@ import pytest
 
 from inferscale_core import wiring
 from inferscale_core.config import AppConfig
-from inferscale_core.embedder import SentenceTransformerEmbedder
 from inferscale_core.extractor import DeterministicExtractor
 from inferscale_core.session import SessionConfig
 from inferscale_core.types import Conversation, Turn
@@ -52,13 +51,13 @@ SCRIPT = [
 
 
 @pytest.fixture(scope="module")
-def session(runtime, tmp_path_factory):
+def session(runtime, minilm, tmp_path_factory):
     config = SessionConfig(k=5, w=2, max_tokens=8, history_turns=2)
     session = wiring.open_session(
         runtime,
         AppConfig(),
         tmp_path_factory.mktemp("memory") / "memory.db",
-        embedder=SentenceTransformerEmbedder(),
+        embedder=minilm,
         extractor=DeterministicExtractor(),
         session_config=config,
     )

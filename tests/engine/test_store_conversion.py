@@ -11,7 +11,6 @@ import pytest
 
 from inferscale_core import wiring
 from inferscale_core.config import AppConfig
-from inferscale_core.embedder import SentenceTransformerEmbedder
 from inferscale_core.extractor import DeterministicExtractor
 from inferscale_core.factlog import FactLog
 from inferscale_core.memory_worker import MemoryWorker
@@ -32,7 +31,7 @@ FACTS = [
 
 
 @pytest.fixture
-def memory(runtime, tmp_path, request):
+def memory(runtime, minilm, tmp_path, request):
     """A session whose ``N`` facts are encoded in the model's dtype; its own worker stopped,
     so the test's workers are the only ones converting. Fact texts carry the test's name:
     entry keys (profile/fact id, text) never meet another test's in the shared store."""
@@ -41,7 +40,7 @@ def memory(runtime, tmp_path, request):
         runtime,
         AppConfig(),
         tmp_path / "memory.db",
-        embedder=SentenceTransformerEmbedder(),
+        embedder=minilm,
         extractor=DeterministicExtractor(),
         session_config=SessionConfig(k=N, w=0, max_tokens=2, recompute=0),
     )

@@ -10,7 +10,6 @@ import pytest
 
 from inferscale_core import wiring
 from inferscale_core.config import AppConfig
-from inferscale_core.embedder import SentenceTransformerEmbedder
 from inferscale_core.extractor import DeterministicExtractor
 from inferscale_core.session import SessionConfig
 from inferscale_core.types import Conversation, Turn
@@ -25,12 +24,12 @@ def row(memory) -> tuple:
     return memory.fact_id, memory.text, memory.refers_to, memory.score, memory.how, memory.tier
 
 
-def test_a_logged_reply_stores_what_it_used(runtime, tmp_path):
+def test_a_logged_reply_stores_what_it_used(runtime, minilm, tmp_path):
     session = wiring.open_session(
         runtime,
         AppConfig(k=5, w=2),
         tmp_path / "memory.db",
-        embedder=SentenceTransformerEmbedder(),
+        embedder=minilm,
         extractor=DeterministicExtractor(),
         session_config=SessionConfig(k=5, w=2, max_tokens=8, history_turns=2),
     )

@@ -10,7 +10,6 @@ import pytest
 
 from inferscale_core import wiring
 from inferscale_core.config import AppConfig
-from inferscale_core.embedder import SentenceTransformerEmbedder
 from inferscale_core.extractor import DeterministicExtractor
 from inferscale_core.factlog import FactLog
 from inferscale_core.importers.pipeline import Importer
@@ -51,14 +50,14 @@ def _by_text(log: FactLog, pid: int) -> dict[str, int]:
     return {f.text: f.id for f in log.active_facts(pid)}
 
 
-def test_old_imported_facts_wait_until_retrieved(runtime, tmp_path):
+def test_old_imported_facts_wait_until_retrieved(runtime, minilm, tmp_path):
     db = tmp_path / "memory.db"
     pid = _import(db, tmp_path)
     session = wiring.open_session(
         runtime,
         AppConfig(kv_disk_budget="off"),  # kv_encode_recent_days: the default, 30
         db,
-        embedder=SentenceTransformerEmbedder(),
+        embedder=minilm,
         extractor=DeterministicExtractor(),
         session_config=SessionConfig(k=2, w=0, max_tokens=4, history_turns=0),
     )
@@ -92,12 +91,12 @@ def test_old_imported_facts_wait_until_retrieved(runtime, tmp_path):
         session.close()
 
 
-def test_import_encode_encodes_everything_now(runtime, tmp_path):
+def test_import_encode_encodes_everything_now(runtime, minilm, tmp_path):
     """What ``import --encode`` runs (``encode_all``): no imported fact is left waiting, those
     a background run deferred included; ``kv_encode_recent_days = "all"`` defers none."""
     db = tmp_path / "memory.db"
     pid = _import(db, tmp_path)
-    embedder = SentenceTransformerEmbedder()
+    embedder = minilm
     config = AppConfig(kv_disk_budget="off")
     lazy = wiring.memory_worker(runtime, config, db, embedder=embedder, poll_seconds=0.2)
     assert lazy.start().wait_idle(timeout=300), lazy.stats
@@ -122,8 +121,11 @@ def test_import_encode_encodes_everything_now(runtime, tmp_path):
     db2 = other / "memory.db"
     pid2 = _import(db2, other)
     worker = wiring.memory_worker(
-        runtime, AppConfig(kv_disk_budget="off", kv_encode_recent_days="all"), db2,
-        embedder=embedder, poll_seconds=0.2,
+        runtime,
+        AppConfig(kv_disk_budget="off", kv_encode_recent_days="all"),
+        db2,
+        embedder=embedder,
+        poll_seconds=0.2,
     )
     assert worker.start().wait_idle(timeout=300), worker.stats
     worker.stop()

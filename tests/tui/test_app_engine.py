@@ -32,7 +32,6 @@ from app.tui.widgets.prompt import PromptInput
 from app.tui.widgets.transcript import ChatMessage
 from inferscale_core import wiring
 from inferscale_core.config import AppConfig, load
-from inferscale_core.embedder import SentenceTransformerEmbedder
 from inferscale_core.extractor import DeterministicExtractor
 from inferscale_core.session import SessionConfig
 from inferscale_core.types import Conversation, Turn
@@ -58,7 +57,7 @@ BUSY_SEED = [  # enough distinct facts to keep the memory worker busy for a whil
 ]
 
 
-def _opener(runtime, db: Path, seed: list[str], gate: threading.Event | None = None):
+def _opener(runtime, embedder, db: Path, seed: list[str], gate: threading.Event | None = None):
     """Open a real Session (on the app's session thread) and let it encode ``seed`` first."""
 
     def open_session(on_step):
@@ -69,7 +68,7 @@ def _opener(runtime, db: Path, seed: list[str], gate: threading.Event | None = N
             runtime,
             AppConfig(k=5, w=2),
             db,
-            embedder=SentenceTransformerEmbedder(),
+            embedder=embedder,  # the session's one MiniLM
             extractor=DeterministicExtractor(),
             session_config=SessionConfig(k=5, w=2, max_tokens=12, history_turns=2),
         )
@@ -84,11 +83,11 @@ def _opener(runtime, db: Path, seed: list[str], gate: threading.Event | None = N
     return open_session
 
 
-def _app(runtime, tmp_path: Path, seed=SEED, gate=None) -> AssistantApp:
+def _app(runtime, embedder, tmp_path: Path, seed=SEED, gate=None) -> AssistantApp:
     db = tmp_path / "memory.db"
     return AssistantApp(
         AppConfig(k=5, w=2, recompute=0),  # r=0: every hit injected, what these tests look at
-        _opener(runtime, db, seed, gate),
+        _opener(runtime, embedder, db, seed, gate),
         db_path=db,
         config_path=tmp_path / "config.toml",
         inbox=tmp_path / "inbox",
@@ -132,7 +131,7 @@ async def _send(pilot, app: AssistantApp, text: str) -> ChatMessage:
 
 
 async def test_chat_streams_a_reply_with_its_memory_and_compares_modes(
-    runtime, tmp_path, monkeypatch
+    runtime, minilm, tmp_path, monkeypatch
 ):
     deltas = []
     original = ChatMessage.append
@@ -143,7 +142,7 @@ async def test_chat_streams_a_reply_with_its_memory_and_compares_modes(
 
     monkeypatch.setattr(ChatMessage, "append", counting_append)
     gate = threading.Event()
-    app = _app(runtime, tmp_path, gate=gate)
+    app = _app(runtime, minilm, tmp_path, gate=gate)
     try:
         async with app.run_test(size=SIZE) as pilot:
             # usable at once: typing while the engine "loads" (the gate holds the opener)
@@ -208,8 +207,8 @@ async def test_chat_streams_a_reply_with_its_memory_and_compares_modes(
         app.host.close()
 
 
-async def test_escape_stops_a_reply(runtime, tmp_path):
-    app = _app(runtime, tmp_path, seed=[])
+async def test_escape_stops_a_reply(runtime, minilm, tmp_path):
+    app = _app(runtime, minilm, tmp_path, seed=[])
     try:
         async with app.run_test(size=SIZE) as pilot:
             await _until(pilot, lambda: app.host.ready, what="the session")
@@ -228,10 +227,12 @@ async def test_escape_stops_a_reply(runtime, tmp_path):
         app.host.close()
 
 
-async def test_a_looping_reply_stops_with_a_note_and_an_overlong_turn_is_refused(runtime, tmp_path):
+async def test_a_looping_reply_stops_with_a_note_and_an_overlong_turn_is_refused(
+    runtime, minilm, tmp_path
+):
     from inferscale_core.generation import GREEDY
 
-    app = _app(runtime, tmp_path, seed=[])
+    app = _app(runtime, minilm, tmp_path, seed=[])
     try:
         async with app.run_test(size=SIZE) as pilot:
             await _until(pilot, lambda: app.host.ready, what="the session")
@@ -262,8 +263,8 @@ async def test_a_looping_reply_stops_with_a_note_and_an_overlong_turn_is_refused
         app.host.close()
 
 
-async def test_memory_browser_edits_and_forgets_a_fact(runtime, tmp_path):
-    app = _app(runtime, tmp_path)
+async def test_memory_browser_edits_and_forgets_a_fact(runtime, minilm, tmp_path):
+    app = _app(runtime, minilm, tmp_path)
     try:
         async with app.run_test(size=SIZE) as pilot:
             await _until(pilot, lambda: app.host.ready, what="the session")
@@ -324,13 +325,13 @@ async def test_memory_browser_edits_and_forgets_a_fact(runtime, tmp_path):
         app.host.close()
 
 
-async def test_import_shows_a_bar_per_file_and_the_quarantined_files(runtime, tmp_path):
+async def test_import_shows_a_bar_per_file_and_the_quarantined_files(runtime, minilm, tmp_path):
     folder = tmp_path / "exports"
     folder.mkdir()
     shutil.copy(FIXTURES / "jsonl" / "chat.jsonl", folder / "chat.jsonl")
     shutil.copy(FIXTURES / "markdown" / "transcript.md", folder / "transcript.md")
     (folder / "broken.json").write_text('{"this is": "not an export"', encoding="utf-8")
-    app = _app(runtime, tmp_path, seed=[])
+    app = _app(runtime, minilm, tmp_path, seed=[])
     try:
         async with app.run_test(size=SIZE) as pilot:
             await pilot.press("f5")
@@ -357,8 +358,8 @@ async def test_import_shows_a_bar_per_file_and_the_quarantined_files(runtime, tm
         app.host.close()
 
 
-async def test_keypresses_are_handled_fast_while_the_encoder_is_busy(runtime, tmp_path):
-    app = _app(runtime, tmp_path, seed=[])
+async def test_keypresses_are_handled_fast_while_the_encoder_is_busy(runtime, minilm, tmp_path):
+    app = _app(runtime, minilm, tmp_path, seed=[])
     try:
         async with app.run_test(size=SIZE) as pilot:
             await _until(pilot, lambda: app.host.ready, what="the session")
@@ -403,8 +404,8 @@ async def test_keypresses_are_handled_fast_while_the_encoder_is_busy(runtime, tm
         app.host.close()
 
 
-async def test_conversations_settings_keys_and_commands(runtime, tmp_path):
-    app = _app(runtime, tmp_path)
+async def test_conversations_settings_keys_and_commands(runtime, minilm, tmp_path):
+    app = _app(runtime, minilm, tmp_path)
     try:
         async with app.run_test(size=SIZE) as pilot:
             await _until(pilot, lambda: app.host.ready, what="the session")
@@ -473,9 +474,9 @@ async def test_conversations_settings_keys_and_commands(runtime, tmp_path):
         app.host.close()
 
 
-async def test_memory_browser_shows_and_undoes_a_replacement(runtime, tmp_path):
+async def test_memory_browser_shows_and_undoes_a_replacement(runtime, minilm, tmp_path):
     seed = ["I live in Lisbon with my partner.", "We moved to Porto with the kids."]
-    app = _app(runtime, tmp_path, seed=seed)
+    app = _app(runtime, minilm, tmp_path, seed=seed)
     try:
         async with app.run_test(size=SIZE) as pilot:
             await _until(pilot, lambda: app.host.ready, what="the session")

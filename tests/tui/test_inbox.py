@@ -70,10 +70,12 @@ def counts(log, pid: int) -> dict[str, int]:
 
 
 @pytest.mark.engine
-async def test_a_dropped_export_is_imported_once_and_a_broken_one_quarantined(runtime, tmp_path):
+async def test_a_dropped_export_is_imported_once_and_a_broken_one_quarantined(
+    runtime, minilm, tmp_path
+):
     conversations = list(parse_file(EXPORT, detect_format(EXPORT)))
     turns = sum(len(c.turns) for c in conversations)
-    app = _app(runtime, tmp_path, seed=[])
+    app = _app(runtime, minilm, tmp_path, seed=[])
     inbox = tmp_path / "inbox"
     try:
         async with app.run_test(size=SIZE) as pilot:

@@ -34,11 +34,6 @@ NASTY = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def minilm() -> SentenceTransformerEmbedder:
-    return SentenceTransformerEmbedder()
-
-
 def integrity_check(log: FactLog, profile_id: int) -> None:
     """FTS5's own check of the profile's index against its active facts (raises if off)."""
     fts = index_name(profile_id)

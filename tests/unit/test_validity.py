@@ -9,7 +9,6 @@ from datetime import UTC, date, datetime
 
 import pytest
 
-from inferscale_core.embedder import SentenceTransformerEmbedder
 from inferscale_core.factlog import FactLog
 from inferscale_core.retriever import Retriever
 
@@ -24,11 +23,6 @@ LIFE = [  # (text, the day it refers to)
     ("Rex died in March, we adopted a beagle called Mochi.", date(2025, 4, 20)),
     ("My sister visited us for a week.", date(2025, 6, 1)),
 ]
-
-
-@pytest.fixture(scope="module")
-def minilm() -> SentenceTransformerEmbedder:
-    return SentenceTransformerEmbedder()
 
 
 def tell(log: FactLog, profile: int, life=LIFE) -> dict[str, int]:
