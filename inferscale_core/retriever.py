@@ -25,8 +25,7 @@ from 1.5 to 3 all score within a point of that; the constants were chosen on the
 names nothing (no :func:`particulars`) weighs the keyword list ``KEYWORD_WEIGHT_PLAIN`` (0.5):
 on paraphrases ("How much do I earn?") BM25 at 2 pulled hybrid below dense; ``bench fusion``
 re-chose all of them on a split (LoCoMo 0-4 and the life set; 5-9 held out) and found today's
-within its noise (docs/BENCHMARKS.md, "What is true now"). A year is not a particular here:
-every fact of that year has it among its date words, and the interval step serves it.
+within its noise (docs/BENCHMARKS.md, "What is true now").
 
 What is true now: a fact that stopped being true (``Fact.valid_until``, closed by the fact log
 when a later fact replaced it: :mod:`inferscale_core.factlog.validity`) stays searchable, but a
@@ -352,7 +351,7 @@ class Retriever:
         dense = _without(dense, skip, n)
         # BM25 finds the names and numbers a question says; without any, its words are
         # paraphrase-prone ("How much do I earn?" vs "My new salary is 4,100")
-        weight = KEYWORD_WEIGHT if particulars(question) - _TIME_WORDS else KEYWORD_WEIGHT_PLAIN
+        weight = KEYWORD_WEIGHT if particulars(question) else KEYWORD_WEIGHT_PLAIN
         top = (1 + weight) / (RRF_K + 1)  # the score of a fact first in every list
         if person is not None:
             top += PEOPLE_WEIGHT / (RRF_K + 1)
@@ -666,12 +665,6 @@ class Retriever:
             if index is not None:  # else built from the log, with these, on first use
                 index.add([facts[i].id for i in rows], vectors[rows])
         return len(kept)
-
-
-_TIME_WORDS = frozenset(str(year) for year in range(1900, 2100))
-"""A year is no particular: the interval step serves it, and every fact of 2024 has "2024"
-among its date words, so BM25 on it alone only adds noise (a month name still counts: the
-keyword list is what finds the facts dated in that month)."""
 
 
 def _without(
