@@ -56,7 +56,7 @@ class Resident:
 
     def start(self, on_step: Callable[[str], None] = lambda step: None) -> None:
         """Start the engine (in the background) and the inbox watcher."""
-        started = self.desk.start(on_step)
+        self.desk.start(on_step)  # the memory worker takes up the backlog once it is open
         if self.inbox is not None:
             inbox = self.inbox
 
@@ -69,8 +69,6 @@ class Resident:
                 inbox, lambda: self.desk.importer(inbox), on_result=imported
             )
             self._watcher.start()
-        # What the inbox brought before the engine was up is encoded once it is.
-        started.add_done_callback(lambda future: future.exception() or self.desk.wake())
 
     def close(self) -> None:
         """Stop serving, stop the watcher (it finishes the file it imports), close the desk."""

@@ -364,6 +364,26 @@ class Desk:
 
         return self.stream(turn)
 
+    def ask_plain(self, question: str, **options: Any) -> Iterator[str | dict[str, Any]]:
+        """:meth:`ask` as plain data (what the socket sends): the text deltas (str), then the
+        finished reply's :func:`reply_json` (dict). Closing it early stops the reply.
+
+        Args:
+            question: the user's message.
+            options: :meth:`ask`'s (``facts`` as ``(text, ISO day or None)`` pairs).
+        """
+        replies = self.ask(question, **options)
+        last = None
+        try:
+            for delta, reply in replies:
+                last = reply
+                if delta:
+                    yield delta
+        finally:
+            replies.close()  # stopped early: the engine aborts the request
+        if last is not None:
+            yield reply_json(last)
+
     def stream(self, make: Callable[[Session], Iterator[T]]) -> Iterator[T]:
         """Run the generator ``make(session)`` on the desk's thread and yield its items here.
 

@@ -9,7 +9,7 @@ Private: the folder is 0700, the socket 0600, and each connection's peer is chec
 ``SO_PEERCRED``: another user's process is refused before it sends a byte.
 
 The wire: one JSON object per line. A call is ``{"method", "params"}``; its answer is
-``{"result": ...}`` or ``{"error": {"type", "message"}}``; :meth:`Desk.ask` answers with
+``{"result": ...}`` or ``{"error": {"type", "message"}}``; :meth:`Desk.ask_plain` answers with
 ``{"delta": "..."}`` lines first and its :func:`~inferscale_core.desk.reply_json` last. One call
 at a time per connection; a client hanging up mid-reply stops the reply (the engine aborts it).
 """
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferscale_core import paths
 from inferscale_core.composer import TurnRejected
-from inferscale_core.desk import SessionNotReadyError, reply_json
+from inferscale_core.desk import SessionNotReadyError
 
 if TYPE_CHECKING:
     from inferscale_core.desk import Desk
@@ -155,16 +155,15 @@ class _Handler(socketserver.StreamRequestHandler):
         facts = params.pop("facts", None)
         if facts is not None:
             params["facts"] = [(text, day) for text, day in facts]
-        replies = self.server.desk.ask(**params)
-        last = None
+        replies = self.server.desk.ask_plain(**params)
         try:
-            for delta, reply in replies:
-                last = reply
-                if delta:
-                    self._send({"delta": delta})
+            for item in replies:
+                if isinstance(item, dict):
+                    return item
+                self._send({"delta": item})
         finally:
             replies.close()  # the client hung up: the engine aborts the reply
-        return None if last is None else reply_json(last)
+        return None
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -204,10 +203,7 @@ class DeskServer:
             "search": desk.search,
             "add_fact": desk.add_fact,
             "forget": desk.forget,
-            "ask": desk.ask,
-            "import_path": lambda path, inbox: _report_json(
-                desk.import_path(Path(path), Path(inbox))
-            ),
+            "ask": desk.ask_plain,
             "wake": desk.wake,
             "wait_remembered": desk.wait_remembered,
         }
@@ -223,25 +219,6 @@ class DeskServer:
             self._server.server_close()
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
-
-
-def _report_json(report: Any) -> dict[str, Any]:
-    return {
-        "seconds": round(report.seconds, 3),
-        "files": [
-            {
-                "path": str(f.path),
-                "status": f.status,
-                "format": f.format,
-                "conversations": f.conversations,
-                "turns_added": f.turns_added,
-                "facts_added": f.facts_added,
-                "reason": f.reason,
-                "moved_to": None if f.moved_to is None else str(f.moved_to),
-            }
-            for f in report.files
-        ],
-    }
 
 
 def probe(path: Path) -> bool:
@@ -345,16 +322,13 @@ class RemoteDesk:
     def forget(self, fact_id: int) -> bool:
         return self.call("forget", fact_id=fact_id)
 
-    def import_path(self, path: Path, inbox: Path) -> dict[str, Any]:
-        return self.call("import_path", path=str(path), inbox=str(inbox))
-
     def wake(self) -> None:
         self.call("wake")
 
     def wait_remembered(self, turn_ids: list[int], timeout_s: float) -> bool:
         return self.call("wait_remembered", turn_ids=list(turn_ids), timeout_s=timeout_s)
 
-    def ask(self, question: str, **options: Any) -> Iterator[str | dict[str, Any]]:
+    def ask_plain(self, question: str, **options: Any) -> Iterator[str | dict[str, Any]]:
         """Stream the reply's text deltas (str), then its ``reply_json`` (dict) last.
 
         Args:

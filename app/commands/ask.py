@@ -31,8 +31,9 @@ from inferscale_core.config import AppConfig
 
 if TYPE_CHECKING:
     from inferscale_core import wiring
+    from inferscale_core.desk import Desk
     from inferscale_core.desk_socket import RemoteDesk
-    from inferscale_core.session import Reply, SessionConfig
+    from inferscale_core.session import SessionConfig
 
 SHELL = "shell"  # title, source and source id of the conversation `ask` logs into
 REMEMBER_TIMEOUT_S = 60.0
@@ -66,7 +67,7 @@ def run_ask(
     theirs), or one built from ``config``. Memory lives in ``paths.memory_db()``."""
     from inferscale_core import paths, wiring
     from inferscale_core.composer import TurnRejected
-    from inferscale_core.desk import Desk, reply_json
+    from inferscale_core.desk import Desk
 
     if not question.strip():
         return _refuse(console, EMPTY_QUESTION)
@@ -80,7 +81,7 @@ def run_ask(
         if remote is not None:
             with remote:
                 shown.print(f"[dim]through the running assistant (pid {remote.hello()['pid']})")
-                return _ask_resident(remote, question, adhoc, log, options, console, shown)
+                return _answer(remote, question, adhoc, log, options, console, shown)
         shown.print("[dim]no assistant running for this memory: starting an engine[/dim]")
     try:
         _check_fits(question, config, options, assistant)
@@ -102,24 +103,13 @@ def run_ask(
     try:
         with shown.status("opening the memory…"):
             desk.start().result()
-        conversation_id = desk.conversation(SHELL) if log else None
-        stream = desk.ask(question, conversation_id=conversation_id, log=log, facts=adhoc)
-        reply = _stream(stream, not options.as_json)
-        remembered = None
-        if log:
-            turns = [t for t in (reply.user_turn_id, reply.assistant_turn_id) if t is not None]
-            with shown.status("remembering…"):
-                remembered = desk.wait_remembered(turns, options.remember_timeout_s)
-    except TurnRejected as exc:
-        return _refuse(console, str(exc))
+        return _answer(desk, question, adhoc, log, options, console, shown)
     finally:
         desk.close()
-    _print(_report(reply_json(reply), remembered), options.as_json, shown)
-    return 0
 
 
-def _ask_resident(
-    remote: RemoteDesk,
+def _answer(
+    door: Desk | RemoteDesk,
     question: str,
     adhoc: list[tuple[str, str | None]] | None,
     log: bool,
@@ -127,8 +117,8 @@ def _ask_resident(
     console: Console,
     shown: Console,
 ) -> int:
-    """:func:`run_ask` through the assistant another process runs (the app, the daemon): its
-    engine and memory, its settings; this command's options for this reply."""
+    """One turn through ``door``: this process's desk, or the one the running assistant (the
+    app, the daemon) serves; this command's options for this reply. The exit code."""
     from inferscale_core.composer import TurnRejected
 
     per_reply = {
@@ -137,8 +127,8 @@ def _ask_resident(
         "max_tokens": options.max_tokens,
     }
     try:
-        conversation_id = remote.conversation(SHELL) if log else None
-        items = remote.ask(
+        conversation_id = door.conversation(SHELL) if log else None
+        items = door.ask_plain(
             question, conversation_id=conversation_id, log=log, facts=adhoc, **per_reply
         )
         data = _stream_text(items, not options.as_json)
@@ -146,7 +136,7 @@ def _ask_resident(
         if log:
             turns = [t for t in (data["user_turn_id"], data["assistant_turn_id"]) if t]
             with shown.status("remembering…"):
-                remembered = remote.wait_remembered(turns, options.remember_timeout_s)
+                remembered = door.wait_remembered(turns, options.remember_timeout_s)
     except TurnRejected as exc:
         return _refuse(console, str(exc))
     _print(_report(data, remembered), options.as_json, shown)
@@ -196,20 +186,6 @@ def _settings(assistant: wiring.Assistant, config: AppConfig, options: AskOption
         max_tokens=options.max_tokens or settings.max_tokens,
         mode="prompt" if options.prompt_injection else "inject",
     )
-
-
-def _stream(stream: Iterator[tuple[str, Reply]], show: bool) -> Reply:
-    """The finished reply; its text goes to stdout as it comes (``show``)."""
-    last: list[Reply] = []
-
-    def deltas() -> Iterator[str | dict[str, Any]]:
-        for delta, reply in stream:
-            last[:] = [reply]
-            yield delta
-        yield {}
-
-    _stream_text(deltas(), show)
-    return last[0]
 
 
 def _stream_text(items: Iterator[str | dict[str, Any]], show: bool) -> dict[str, Any]:

@@ -208,23 +208,24 @@ def _run_import(args: argparse.Namespace, console: Console) -> int:
         return 2
     profile = args.profile or config.profile
     code = run_import(args.path, console, profile, paths.inbox_dir(config.inbox))
-    if _wake_resident(config, profile, console):
+    import dataclasses
+
+    config = dataclasses.replace(config, profile=profile)
+    if _wake_resident(config, console):
         return code  # the running assistant encodes them: no second engine
     if not args.encode:
         return code
-    import dataclasses
-
     from app.commands.encode import encode_pending
 
-    return max(code, encode_pending(dataclasses.replace(config, profile=profile), console))
+    return max(code, encode_pending(config, console))
 
 
-def _wake_resident(config, profile: str, console: Console) -> bool:
-    """Tell the running assistant (the app, the daemon) of this profile that new turns are
-    in: its memory worker extracts and encodes them now. False when none runs."""
-    from inferscale_core.desk_socket import RemoteDesk
+def _wake_resident(config, console: Console) -> bool:
+    """Tell the running assistant (the app, the daemon) of the config's profile that new
+    turns are in: its memory worker extracts and encodes them now. False when none runs."""
+    from app.resident import connect
 
-    remote = RemoteDesk.connect(paths.memory_db(), profile)
+    remote = connect(config)
     if remote is None:
         return False
     with remote:

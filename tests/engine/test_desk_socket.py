@@ -72,7 +72,7 @@ def test_ask_streams_then_ends_with_the_reply_and_logs_it(served, desk):
     with RemoteDesk.connect(desk.db_path, "default") as remote:
         conversation = remote.conversation("socket-test")
         assert remote.conversation("socket-test") == conversation  # found, not made again
-        items = list(remote.ask("My cat is called Miso.", conversation_id=conversation))
+        items = list(remote.ask_plain("My cat is called Miso.", conversation_id=conversation))
         *deltas, reply = items
         assert deltas and all(isinstance(d, str) for d in deltas)
         assert reply["text"] == "".join(deltas).strip()
@@ -81,7 +81,7 @@ def test_ask_streams_then_ends_with_the_reply_and_logs_it(served, desk):
         recent = remote.recent_conversations(limit=5)
         assert conversation in [c["id"] for c in recent]
         with pytest.raises(TurnRejected):
-            list(remote.ask("   ", conversation_id=conversation))
+            list(remote.ask_plain("   ", conversation_id=conversation))
         # the connection still serves after a refusal
         assert remote.hello()["protocol"] == 1
 
@@ -103,7 +103,7 @@ def test_bad_calls_get_errors_and_the_connection_stays(served, desk):
 def test_a_client_hanging_up_mid_reply_stops_it_and_others_are_served(served, desk):
     aborted = desk.session.engine.aborted
     remote = RemoteDesk.connect(desk.db_path, "default")
-    replies = remote.ask("Tell me a long story about the sea.", log=False, max_tokens=64)
+    replies = remote.ask_plain("Tell me a long story about the sea.", log=False, max_tokens=64)
     assert isinstance(next(replies), str)
     replies.close()  # hangs up
     with pytest.raises(RemoteDeskError):
@@ -118,7 +118,7 @@ def test_a_client_hanging_up_mid_reply_stops_it_and_others_are_served(served, de
     with RemoteDesk.connect(desk.db_path, "default") as first:
         thread = threading.Thread(target=other)
         thread.start()
-        assert list(first.ask("Hello!", log=False))[-1]["text"] is not None
+        assert list(first.ask_plain("Hello!", log=False))[-1]["text"] is not None
         thread.join(60)
     assert done and isinstance(done[0], list)
     assert desk.session.engine.aborted > aborted
