@@ -30,7 +30,6 @@ from typing import Any
 
 from bench.recall_memory import CachedEmbedder, extract
 from bench.report import percentile
-from inferscale_core import retrieval_thread
 from inferscale_core.config import AppConfig
 from inferscale_core.embedder import Embedder
 from inferscale_core.extractor import DeterministicExtractor
@@ -88,7 +87,7 @@ def time_searches(
     for question in questions[warmup:]:
         _idle(idle_ms)
         start = time.perf_counter()
-        retrieval_thread.submit(embedder.embed, [question]).result()  # where a search runs it
+        retriever.thread.submit(embedder.embed, [question]).result()  # where a search runs it
         seconds["embed"].append(time.perf_counter() - start)
         for mode in modes:
             _idle(idle_ms)

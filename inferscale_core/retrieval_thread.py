@@ -1,5 +1,5 @@
-"""The process's one thread for a search's torch work: the question's embedding and the vector
-search, run beside the keyword search (SQLite) on the caller's thread.
+"""The thread for a search's torch work: the question's embedding and the vector search, run
+beside the keyword search (SQLite) on the caller's thread.
 
 It runs its torch ops with one OpenMP thread. PyTorch's OpenMP (libgomp) keeps one team of
 threads per thread that calls it, and once a process's OpenMP threads outnumber its cores it
@@ -29,32 +29,50 @@ import torch
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_pool: ThreadPoolExecutor | None = None
-_lock = threading.Lock()
-_local = threading.local()  # .is_it: True on the retrieval thread
+_local = threading.local()  # .is_it: True on a retrieval thread
 
 
-def submit(fn: Callable[..., T], /, *args: Any) -> Future[T]:
-    """Run ``fn(*args)`` on the retrieval thread (started on first use; one for the process:
-    searches take turns on it). Called from that thread, it runs at once (no deadlock)."""
-    if getattr(_local, "is_it", False):
-        done: Future[T] = Future()
-        try:
-            done.set_result(fn(*args))
-        except BaseException as e:  # handed to the caller, as the pool does
-            done.set_exception(e)
-        return done
-    return _thread().submit(fn, *args)
+class RetrievalThread:
+    """One thread for searches' torch work, started on first use; the searches that share it
+    take turns on it. The runtime that holds an engine owns one (``wiring.Assistant``) and
+    hands it to every retriever it makes; a retriever made alone gets its own."""
 
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = 0  # the process that started the thread: a forked child starts its own
+        self._lock = threading.Lock()
 
-def _thread() -> ThreadPoolExecutor:
-    global _pool
-    with _lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(
-                1, thread_name_prefix="inferscale-retrieval", initializer=_one_openmp_thread
-            )
-        return _pool
+    def submit(self, fn: Callable[..., T], /, *args: Any) -> Future[T]:
+        """Run ``fn(*args)`` on the thread. Called from a retrieval thread, it runs at once
+        (no deadlock)."""
+        if getattr(_local, "is_it", False):
+            done: Future[T] = Future()
+            try:
+                done.set_result(fn(*args))
+            except BaseException as e:  # handed to the caller, as the pool does
+                done.set_exception(e)
+            return done
+        return self._thread().submit(fn, *args)
+
+    def close(self) -> None:
+        """Let the thread end once its queued work is done (a later submit starts a new one)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None and self._pid == os.getpid():
+            pool.shutdown(wait=False)
+
+    def _thread(self) -> ThreadPoolExecutor:
+        pid = os.getpid()
+        if self._pool is not None and self._pid != pid:
+            # a forked child: the parent's thread is not here, and its lock may be held
+            self._lock, self._pool = threading.Lock(), None
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    1, thread_name_prefix="inferscale-retrieval", initializer=_one_openmp_thread
+                )
+                self._pid = pid
+            return self._pool
 
 
 def _one_openmp_thread() -> None:
@@ -68,12 +86,3 @@ def _one_openmp_thread() -> None:
         )
         return
     set_threads(1)
-
-
-def _forget() -> None:
-    """In a forked child: the parent's thread is not there; the next search starts one."""
-    global _pool, _lock
-    _pool, _lock = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget)

@@ -72,9 +72,9 @@ from typing import Literal, Protocol
 import numpy as np
 import torch
 
-from inferscale_core import retrieval_thread
 from inferscale_core.embedder import Embedder
 from inferscale_core.factlog import FactLog, InactiveFactError
+from inferscale_core.retrieval_thread import RetrievalThread
 from inferscale_core.retriever_newer import (
     NEWER_ANCHORS,
     NEWER_NEIGHBOURS,
@@ -168,6 +168,8 @@ class Retriever:
         index_factory: ``(dim, device, size_hint) -> VectorIndex``, called once per profile.
         device: where the indexes live ("cpu" or "cuda").
         batch_size: facts embedded per call when building an index.
+        thread: where the question's embedding and the vector search run (the runtime's one;
+            None: a thread of this retriever's own).
     """
 
     def __init__(
@@ -177,8 +179,10 @@ class Retriever:
         index_factory: IndexFactory = make_index,
         device: str = "cpu",
         batch_size: int = 256,
+        thread: RetrievalThread | None = None,
     ) -> None:
         self.log = factlog
+        self.thread = thread or RetrievalThread()
         self.embedder = embedder
         self.index_factory = index_factory
         self.device = device
@@ -301,14 +305,14 @@ class Retriever:
         search repeated until k good ones are found or the index is exhausted."""
         index = self._index(profile_id)
         n = k + len(skip)
-        query, found = retrieval_thread.submit(self._embed_and_search, index, text, n).result()
+        query, found = self.thread.submit(self._embed_and_search, index, text, n).result()
         while True:
             found = _without(found, skip, k)
             facts = self._active_facts(profile_id, [fid for fid, _ in found])
             stale = [fid for fid, _ in found if fid not in facts]
             if not self._dropped(index, profile_id, stale):
                 break
-            found = retrieval_thread.submit(index.search, query, n).result()[0]
+            found = self.thread.submit(index.search, query, n).result()[0]
         hits = [(facts[fid], score) for fid, score in found if fid in facts]
         return [Hit(fact, score, rank) for rank, (fact, score) in enumerate(hits, start=1)]
 
@@ -340,7 +344,7 @@ class Retriever:
         # The question's embedding and the vector search run on the retrieval thread while
         # SQLite searches here: both let go of the GIL, so on two cores the search takes about
         # the longer of the two (docs/BENCHMARKS.md, "Retrieval latency").
-        dense_side = retrieval_thread.submit(self._embed_and_search, index, question, n + len(skip))
+        dense_side = self.thread.submit(self._embed_and_search, index, question, n + len(skip))
         keyword = self.log.keyword_search(profile_id, question, n + len(skip))  # [(id, bm25)]
         keyword = _without(keyword, skip, n)
         person = self._named_person(profile_id, question)
@@ -402,7 +406,7 @@ class Retriever:
             facts, gone = self._first_active(profile_id, ranked, k)
             if not self._dropped(index, profile_id, [fid for fid in gone if fid in dense_rank]):
                 break
-            found = retrieval_thread.submit(index.search, query, n + len(skip)).result()[0]
+            found = self.thread.submit(index.search, query, n + len(skip)).result()[0]
             dense = _without(found, skip, n)
         return [Hit(fact, fused[fact.id] / top, rank) for rank, fact in enumerate(facts, start=1)]
 
@@ -444,7 +448,7 @@ class Retriever:
             return hits
         index = self._index(profile_id)
         vectors = _decode([blob for _, blob in stored], dim)  # [a, dim]
-        found = retrieval_thread.submit(index.search, vectors, NEWER_NEIGHBOURS).result()
+        found = self.thread.submit(index.search, vectors, NEWER_NEIGHBOURS).result()
         near = {
             fid: [(other, c) for other, c in pairs if other != fid and other not in skip]
             for (fid, _), pairs in zip(stored, found, strict=True)

@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # (torch comes with the store: only when something is built)
     from inferscale_core.kvstore import KVStore
     from inferscale_core.memory_worker import MemoryWorker
     from inferscale_core.prompt_builder import PromptBuilder
+    from inferscale_core.retrieval_thread import RetrievalThread
     from inferscale_core.retriever import Retriever
     from inferscale_core.session import Session, SessionConfig
     from inferscale_core.vllm_plugin.engine_group import EngineClient
@@ -57,6 +58,7 @@ class Assistant:
     store: KVStore
     builder: PromptBuilder  # composes requests; encodes through the engine
     engine: Engine
+    retrieval: RetrievalThread  # where every retriever made for this runtime embeds and searches
 
 
 def open_store(
@@ -149,6 +151,7 @@ def build(
     ``on_step`` is told each of :data:`STEPS` as it starts."""
     from inferscale_core.model_files import resolve_model
     from inferscale_core.prompt_builder import PromptBuilder, default_system_prompt
+    from inferscale_core.retrieval_thread import RetrievalThread
 
     on_step(STEPS[0])
     model_dir = resolve_model(config.model, progress=model_progress)
@@ -163,7 +166,7 @@ def build(
     on_step(STEPS[3])
     prompt = system_prompt if system_prompt is not None else default_system_prompt()
     builder = PromptBuilder.for_model(model_dir, store, prompt, engine)
-    return Assistant(model_dir, store.fingerprint, store, builder, engine)
+    return Assistant(model_dir, store.fingerprint, store, builder, engine, RetrievalThread())
 
 
 def disk_budget(config: AppConfig, store: KVStore, factlog: FactLog) -> int | None:
@@ -214,13 +217,16 @@ def session_settings(config: AppConfig, model_dir: Path) -> SessionConfig:
     )
 
 
-def make_retriever(factlog: FactLog, embedder: Embedder | None = None) -> Retriever:
+def make_retriever(
+    factlog: FactLog, embedder: Embedder | None = None, thread: RetrievalThread | None = None
+) -> Retriever:
     """The retrieval the session runs, over ``factlog`` (``embedder``: the packaged MiniLM,
-    loaded offline on first use). Needs no engine: ``memory search`` uses it alone."""
+    loaded offline on first use; ``thread``: the runtime's retrieval thread, else one of its
+    own). Needs no engine: ``memory search`` uses it alone."""
     from inferscale_core.embedder import SentenceTransformerEmbedder
     from inferscale_core.retriever import Retriever
 
-    return Retriever(factlog, embedder or SentenceTransformerEmbedder())
+    return Retriever(factlog, embedder or SentenceTransformerEmbedder(), thread=thread)
 
 
 def open_session(
@@ -249,7 +255,7 @@ def open_session(
     session = Session(
         factlog,
         profile_id,
-        make_retriever(factlog, embedder),
+        make_retriever(factlog, embedder, assistant.retrieval),
         assistant.builder,
         assistant.store,
         assistant.engine,
@@ -264,7 +270,7 @@ def open_session(
         w=session.config.w,
         window=session.config.window,
         on_change=session.notify_changed,
-        make_retriever=lambda log: Retriever(log, embedder),
+        make_retriever=lambda log: Retriever(log, embedder, thread=assistant.retrieval),
         wait_for_chat=assistant.engine.wait_for_chat,
         disk_budget=disk_budget(config, assistant.store, factlog),
         encode_recent_days=config.encode_recent_days,
@@ -305,7 +311,7 @@ def memory_worker(
         make_extractor(config, assistant.engine),
         w=config.w,
         window=config.window,
-        make_retriever=lambda factlog: Retriever(factlog, embedder),
+        make_retriever=lambda factlog: Retriever(factlog, embedder, thread=assistant.retrieval),
         poll_seconds=poll_seconds,
         wait_for_chat=assistant.engine.wait_for_chat,
         disk_budget=budget,

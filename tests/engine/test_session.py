@@ -71,7 +71,7 @@ def _cat_fact(session):
     return facts[0]
 
 
-def test_scripted_conversation_injects_remembered_facts(session):
+def test_scripted_conversation_injects_remembered_facts(session, runtime):
     conversation = session.new_conversation("scripted")
     for text in SCRIPT:
         reply = session.ask_all(conversation, text)
@@ -83,6 +83,8 @@ def test_scripted_conversation_injects_remembered_facts(session):
     facts = session.factlog.active_facts(session.profile_id)
     assert 18 <= len(facts) <= 22  # the substantive turns; small talk and questions are not facts
     assert stats.encoded_facts == len(facts)
+    # the chat's searches and the worker's embeddings take turns on the runtime's one thread
+    assert session.retriever.thread is session.worker._retriever.thread is runtime.retrieval
 
     reply = session.ask_all(conversation, "What is the name of my cat?")
     cat = _cat_fact(session)
