@@ -124,6 +124,10 @@ class Suite:
         self.hash_algo = os.environ.get("SUITE_HASH_ALGO", "")  # "" = vLLM's default
         if self.hash_algo:
             extra["prefix_caching_hash_algo"] = self.hash_algo
+        # SUITE_QUANTIZATION: how vLLM holds the weights ("" = bf16; "fp8" = quantized on load)
+        self.quantization = os.environ.get("SUITE_QUANTIZATION", "")
+        if self.quantization:
+            extra["quantization"] = self.quantization
         t0 = time.perf_counter()
         self.engine = wiring.start_engine(
             model,
@@ -710,6 +714,7 @@ def main(out: Path) -> None:
     result["cudagraph_mode"] = suite.cudagraph_mode or "default (FULL_AND_PIECEWISE)"
     result["store_dtype"] = suite.store_dtype
     result["kv_cache_dtype"] = suite.kv_cache_dtype
+    result["quantization"] = suite.quantization or "none"
     result["block_size"] = suite.engine.block_size
     result["prefix_caching_hash_algo"] = suite.hash_algo or "default (sha256)"
     # vLLM 0.26 picks its V2 model runner for this model unless VLLM_USE_V2_MODEL_RUNNER=0.
