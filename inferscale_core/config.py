@@ -32,6 +32,8 @@ Example file::
                              # (auto: 25% of the free disk plus what the store holds, at start)
     kv_encode_recent_days = 30  # imported turns older than this before their conversation's
                                 # last are encoded when first retrieved; "all": encode all
+    weights = "auto"    # auto | as-stored | fp8: how the model's weights are served (fp8:
+                        # quantized as vLLM loads them, half of bf16; a GPU only)
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from inferscale_core.generation import GREEDY
 EXTRACTORS = ("auto", "deterministic", "llm")
 KV_STORE_DTYPES = ("auto", "model", "fp8", "int4")  # kvstore.quant.SCHEMES and "auto"
 KV_CACHE_DTYPES = ("auto", "fp8")  # vLLM's kv_cache_dtype: the model's dtype, or fp8 e4m3
+WEIGHTS_SETTINGS = ("auto", "as-stored", "fp8")  # inferscale_core/weights_plan.py
 # What "auto" stores, per engine (docs/BENCHMARKS.md, "Compressed memory"). CPU: int4 is 6.7x
 # smaller than fp32 at 0.004 nats of KL and injects no slower (cold 2.5x faster). CUDA (H200,
 # 8B shape): 3.5x smaller than bf16, 100 users at k=50 at 0.96x bf16's rate, k=50 from the pool
@@ -124,6 +127,11 @@ class AppConfig:
     # Facts from imported turns older than this many days before the last turn of their
     # conversation are encoded when first retrieved, not at import ("all": every one now).
     kv_encode_recent_days: int | str = 30
+    # How the model's weights are served (inferscale_core/weights_plan.py): "auto" as stored
+    # where the engine can (a GGUF is dequantized: neither engine's vLLM has a GGUF loader),
+    # "as-stored" refuses a model it would have to dequantize, "fp8" quantizes an unquantized
+    # model to fp8 as vLLM loads it (CUDA only; half of bf16's GPU memory).
+    weights: str = "auto"
 
     def __post_init__(self) -> None:
         if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()):
@@ -168,6 +176,10 @@ class AppConfig:
             raise ConfigError(
                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)};"
                 f" got {self.kv_cache_dtype!r}"
+            )
+        if self.weights not in WEIGHTS_SETTINGS:
+            raise ConfigError(
+                f"weights must be one of {', '.join(WEIGHTS_SETTINGS)}; got {self.weights!r}"
             )
         if self.kv_disk_budget not in ("auto", "off"):
             try:

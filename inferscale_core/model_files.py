@@ -305,6 +305,8 @@ def dequantize_gguf(
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from inferscale_core.weights_plan import inspect_gguf
+
     started = time.perf_counter()
     source = dict(pretrained_model_name_or_path=str(gguf.parent), gguf_file=gguf.name)
     with _steps(progress, name) as steps, _no_tqdm():
@@ -363,6 +365,7 @@ def dequantize_gguf(
         "dequantize_seconds": round(dequantize_s, 2),
         "build_seconds": round(total_s, 2),
         "format": _CACHE_FORMAT,
+        "quantization": inspect_gguf(gguf).file_type,  # the GGUF's, before dequantizing
     }
 
 
@@ -611,11 +614,18 @@ def _registered(text: str) -> model_registry.RegisteredModel | None:
         raise ModelSetupError(str(exc)) from exc
 
 
+def model_source(path_or_name: str | os.PathLike[str] | None) -> Path:
+    """The file or folder a model setting stands for (a GGUF file, or a model folder); nothing
+    is built."""
+    return _locate(path_or_name).path
+
+
 def resolve_model(
     path_or_name: str | os.PathLike[str] | None,
     progress: bool = True,
     *,
     label: str | None = None,
+    weights: str = "auto",
 ) -> Path:
     """The folder of the chat model to run, checked by :func:`check_architecture`.
 
@@ -624,9 +634,15 @@ def resolve_model(
     from; a GGUF file is dequantized once (:func:`gguf_dir`, ``label`` names its cache folder);
     a folder must be a local Hugging Face model folder with a ``config.json``. Names are never
     looked up on a model hub. A model the memory injection cannot serve is refused with
-    :class:`UnsupportedArchitectureError`, a one-line :class:`ModelSetupError`.
+    :class:`UnsupportedArchitectureError`, a one-line :class:`ModelSetupError`; weights that
+    cannot be served as the ``weights`` setting asks (a GGUF cut short or of a tensor type that
+    cannot be dequantized, an unknown ``quant_method``) with a one-line
+    :class:`~inferscale_core.weights_plan.WeightsError`, before anything is built.
     """
+    from inferscale_core.weights_plan import engine_device, weights_plan
+
     located = _locate(path_or_name, label)
+    weights_plan(located.path, engine_device(), weights)
     if located.kind == "embedded":
         folder = smollm2_dir(progress=progress)
     elif located.kind == "gguf":

@@ -26,8 +26,12 @@ Prepare a model of your own and register it under a short name, which `--model N
 ask) and the settings' `model = "NAME"` then accept. SOURCE is one of:
 
   a GGUF file        dequantized once into the cache (float32; bfloat16 above 1.5e9
-                     parameters); later starts reuse it
-  a model folder     a local Hugging Face folder with config.json; used where it is
+                     parameters); later starts reuse it. Neither engine's vLLM has a GGUF
+                     loader, so the file cannot be served as it is; a file cut short or
+                     holding a tensor type that cannot be dequantized is refused first
+  a model folder     a local Hugging Face folder with config.json; used where it is (with a
+                     quantization_config of awq, gptq, compressed-tensors or fp8: served as
+                     stored by vLLM's kernels; another quant_method is refused)
   an Ollama name     e.g. llama3.2:1b (the tag defaults to latest), taken from the local
                      Ollama store: $OLLAMA_MODELS, else ~/.ollama/models; nothing is pulled
 
@@ -61,11 +65,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     listing = models_sub.add_parser(
         "list",
-        help="the models ready to run: name, size on disk, architecture, dtype, source",
+        help="the models ready to run: name, size, architecture, dtype, quantization, source",
         description="Show every model prepared in the cache (the embedded SmolLM2, each"
         " dequantized GGUF) and every added one: the names --model accepts for it, its size on"
-        " disk, architecture (config.json's model_type), the dtype of its weights and where it"
-        " came from.",
+        " disk, architecture (config.json's model_type), the dtype of its weights, the"
+        " quantization it is stored in (a GGUF's file type: Q4_1, Q4_K_M; a folder's"
+        " quant_method or dtype) with how the engine serves it, and where it came from.",
     )
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
     listing.set_defaults(func=_list)
@@ -135,7 +140,7 @@ def _list(args: argparse.Namespace, console: Console) -> int:
         )
         return 0
     table = Table(title="models", title_justify="left")
-    for column in ("name", "size", "architecture", "dtype", "source"):
+    for column in ("name", "size", "architecture", "dtype", "quantization", "source"):
         table.add_column(column, justify="right" if column == "size" else "left")
     for row in rows:
         table.add_row(
@@ -143,16 +148,24 @@ def _list(args: argparse.Namespace, console: Console) -> int:
             _size(row.size_bytes),
             escape(row.model_type),
             escape(row.dtype),
+            escape(row.quantization + (f" ({row.note.split(':')[0]})" if row.note else "")),
             escape(row.source),
         )
-    Console().print(table)
+    out = Console()
+    out.print(table)
+    for note in sorted({row.note for row in rows if row.note}):
+        out.print(escape(note), soft_wrap=True)
     return 0
 
 
 def _add(args: argparse.Namespace, console: Console) -> int:
+    from app.user_config import load_config
     from inferscale_core.model_files import SMOLLM2_ALIASES, resolve_model, safe_label
     from inferscale_core.ollama_store import find_ollama_model
 
+    config = load_config(console)
+    if config is None:
+        return 2
     path = Path(args.source).expanduser()
     if path.exists():
         source = path.resolve()
@@ -178,7 +191,7 @@ def _add(args: argparse.Namespace, console: Console) -> int:
             f"{name!r} is already the name of {existing.origin}; choose another with --as NAME"
             f" or `inferscale-assistant models remove {name}` first",
         )
-    folder = resolve_model(source, progress=True, label=label)
+    folder = resolve_model(source, progress=True, label=label, weights=config.weights)
     entry = model_registry.RegisteredModel(
         name=name,
         source=str(source),

@@ -59,6 +59,8 @@ def test_settings_form_errors_are_clear():
     assert parse_form(values, "llm", "sliding", "model").kv_store_dtype == "model"
     assert config.kv_cache_dtype == "auto"
     assert parse_form(values, "llm", "sliding", "auto", "fp8").kv_cache_dtype == "fp8"
+    assert config.weights == "auto"
+    assert parse_form(values, "llm", "sliding", "auto", "auto", "fp8").weights == "fp8"
     with pytest.raises(ConfigError, match="kv_store_dtype must be one of auto, model, fp8, int4"):
         parse_form(values, "auto", "anchored", "int3")
     with pytest.raises(ConfigError, match="window must be one of anchored, sliding; got 'rolling'"):

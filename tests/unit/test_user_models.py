@@ -235,12 +235,15 @@ def test_models_add_from_the_ollama_store_and_list(shared, tmp_path, monkeypatch
     (row,) = [r for r in rows if OLLAMA_NAME in r["names"]]
     assert row["folder"] == str(user_model.folder)
     assert (row["model_type"], row["dtype"]) == ("llama", "float32")
+    assert row["quantization"] == "Q4_1"  # the GGUF's, read from its header
+    assert row["note"] == "dequantized: the CPU engine (vLLM 0.32) has no GGUF loader"
     assert row["source"] == f"ollama {OLLAMA_NAME}"
     assert row["size_bytes"] > 500e6
 
     assert cli.main(["models", "list"]) == 0
     table = capsys.readouterr().out
-    for word in ("name", "size", "architecture", "dtype", "source", "mysmol", "MB", "llama"):
+    words = ("name", "size", "architecture", "dtype", "source", "mysmol", "MB", "llama", "Q4_1")
+    for word in (*words, "quantization", "no GGUF loader"):
         assert word in table, table
 
     # A second name for the same model; the name already taken is refused.

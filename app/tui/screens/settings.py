@@ -1,5 +1,6 @@
 """Settings: model, k, w, window, GPU pool, profile, extractor, how memories' KV is stored and
-how much disk it may take; saved to the TOML config file."""
+how much disk it may take, how the model's weights are served; saved to the TOML config
+file."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from inferscale_core.config import (
     EXTRACTORS,
     KV_CACHE_DTYPES,
     KV_STORE_DTYPES,
+    WEIGHTS_SETTINGS,
     AppConfig,
     ConfigError,
     save,
@@ -33,6 +35,7 @@ RESTART_KEYS = (
     "extractor",
     "kv_store_dtype",
     "kv_cache_dtype",
+    "weights",
     "kv_disk_budget",
     "kv_encode_recent_days",
     "max_tokens",
@@ -91,6 +94,12 @@ CHOICES = (  # (setting, label, its options): a Select each
         " GPU, or a CPU with AVX-512; restart; memories are encoded again for it)",
         KV_CACHE_DTYPES,
     ),
+    (
+        "weights",
+        "Model weights: auto = as stored (a GGUF dequantized); as-stored = refuse a model that"
+        " must be dequantized; fp8 = quantized on load, half of bf16 (a GPU; restart)",
+        WEIGHTS_SETTINGS,
+    ),
 )
 
 
@@ -100,6 +109,7 @@ def parse_form(
     window: str = ANCHORED,
     kv_store_dtype: str = "auto",
     kv_cache_dtype: str = "auto",
+    weights: str = "auto",
 ) -> AppConfig:
     """An :class:`AppConfig` from the form's text, or :class:`ConfigError` saying what's wrong."""
 
@@ -125,6 +135,7 @@ def parse_form(
         extractor=extractor,
         kv_store_dtype=kv_store_dtype,
         kv_cache_dtype=kv_cache_dtype,
+        weights=weights,
         kv_disk_budget=_budget(values.get("kv_disk_budget", "")),
         kv_encode_recent_days=_recent_days(values.get("kv_encode_recent_days", "")),
         max_tokens=number("max_tokens", int),
@@ -221,9 +232,10 @@ class SettingsScreen(Screen):
         window = str(self.query_one("#set-window", Select).value)
         kv_store_dtype = str(self.query_one("#set-kv_store_dtype", Select).value)
         kv_cache_dtype = str(self.query_one("#set-kv_cache_dtype", Select).value)
+        weights = str(self.query_one("#set-weights", Select).value)
         error = self.query_one("#settings-error", Label)
         try:
-            new = parse_form(values, extractor, window, kv_store_dtype, kv_cache_dtype)
+            new = parse_form(values, extractor, window, kv_store_dtype, kv_cache_dtype, weights)
         except ConfigError as exc:
             error.update(str(exc))
             return
