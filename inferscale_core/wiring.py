@@ -67,14 +67,16 @@ def open_store(
     gpu_bytes: int = 0,
     store_dtype: str = "model",
     kv_cache_dtype: str = "auto",
+    weights_on_load: str | None = None,
 ) -> KVStore:
     """The KV store of a model: ``<root>/<model fingerprint>`` (root: the data folder's kv/),
     writing entries as ``store_dtype`` (``AppConfig.store_dtype``); an engine with an fp8
-    cache (``kv_cache_dtype``) has a store of its own (see ``model_fingerprint``)."""
+    cache (``kv_cache_dtype``) or weights quantized as vLLM loads them (``weights_on_load``)
+    has a store of its own (see ``model_fingerprint``)."""
     from inferscale_core.fingerprint import model_fingerprint
     from inferscale_core.kvstore import KVStore
 
-    fingerprint = model_fingerprint(model_dir, kv_cache_dtype)
+    fingerprint = model_fingerprint(model_dir, kv_cache_dtype, weights_on_load)
     root = Path(root) if root is not None else paths.kv_dir()
     return KVStore(
         root / fingerprint,
@@ -102,14 +104,32 @@ def engine_options(
 ) -> EngineOptions:
     """The engine's options :func:`build` would start it with (for an engine core started
     apart from the API processes that use it: ``engine_group.py``)."""
-    from inferscale_core.model_files import resolve_model
-
-    model_dir = resolve_model(config.model)
-    store = open_store(
-        model_dir, store_root, config.gpu_pool_bytes, config.store_dtype, config.kv_cache_dtype
-    )
+    model_dir, store, on_load = model_and_store(config, store_root)
     options.setdefault("kv_cache_dtype", config.kv_cache_dtype)
+    options.setdefault("quantization", on_load)
     return _engine_options(model_dir, store, **options)
+
+
+def model_and_store(
+    config: AppConfig, store_root: Path | None = None, progress: bool = False
+) -> tuple[Path, KVStore, str | None]:
+    """The model's folder (built if a GGUF must be dequantized), its KV store and vLLM's
+    on-load quantization ("fp8" or None), as ``config.weights`` plans them (weights_plan.py);
+    a :class:`~inferscale_core.weights_plan.WeightsError` before anything is built."""
+    from inferscale_core.model_files import resolve_model
+    from inferscale_core.weights_plan import model_weights
+
+    on_load = model_weights(config.model, config.weights).on_load
+    model_dir = resolve_model(config.model, progress=progress, weights=config.weights)
+    store = open_store(
+        model_dir,
+        store_root,
+        config.gpu_pool_bytes,
+        config.store_dtype,
+        config.kv_cache_dtype,
+        on_load,
+    )
+    return model_dir, store, on_load
 
 
 def start_engine(
@@ -149,16 +169,13 @@ def build(
 ) -> Assistant:
     """The assistant for ``config``: its model, store, engine (warmed up) and prompt builder.
     ``on_step`` is told each of :data:`STEPS` as it starts."""
-    from inferscale_core.model_files import resolve_model
     from inferscale_core.prompt_builder import PromptBuilder, default_system_prompt
     from inferscale_core.retrieval_thread import RetrievalThread
 
     on_step(STEPS[0])
-    model_dir = resolve_model(config.model, progress=model_progress)
-    store = open_store(
-        model_dir, store_root, config.gpu_pool_bytes, config.store_dtype, config.kv_cache_dtype
-    )
+    model_dir, store, on_load = model_and_store(config, store_root, model_progress)
     engine_options.setdefault("kv_cache_dtype", config.kv_cache_dtype)
+    engine_options.setdefault("quantization", on_load)
     on_step(STEPS[1])
     engine = start_engine(model_dir, store, serving=serving, **engine_options)
     on_step(STEPS[2])

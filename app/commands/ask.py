@@ -160,7 +160,7 @@ def _check_fits(
         from inferscale_core.model_files import resolve_model
         from inferscale_core.prompt_builder import model_layout
 
-        model_dir = resolve_model(config.model, progress=options.verbose)
+        model_dir = resolve_model(config.model, progress=options.verbose, weights=config.weights)
         layout = model_layout(model_dir)
         model = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
         context = getattr(model, "max_position_embeddings", None)

@@ -135,5 +135,5 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         # GGUF is dequantized with its progress on the terminal.
         from inferscale_core.model_files import resolve_model
 
-        resolve_model(config.model, progress=True)
+        resolve_model(config.model, progress=True, weights=config.weights)
     return run_chat(config, verbose=args.verbose)

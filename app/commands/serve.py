@@ -101,7 +101,7 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
         console.print("[red]error:[/red] --api-processes must be at least 1")
         return 2
     # Before the engine: a bad or unsupported model is one line, a GGUF's dequantizing shown.
-    resolve_model(config.model, progress=True)
+    resolve_model(config.model, progress=True, weights=config.weights)
     folder = serve_dir(args)
     users = Users(folder / "users.db")
     if not users.names():

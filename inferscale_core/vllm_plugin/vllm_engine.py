@@ -37,6 +37,9 @@ class EngineOptions:
     # vLLM's KV cache: "auto" in the model's dtype, "fp8" in fp8 e4m3 (half of bf16; on a CPU
     # only with AVX-512 or AMX). Entries are kept as that cache holds them (fp8_cache.py).
     kv_cache_dtype: str = "auto"
+    # vLLM's weight quantization on load ("fp8" for weights = fp8; weights_plan.py decides),
+    # None: the weights as the model folder stores them (its quantization_config, if any).
+    quantization: str | None = None
     max_model_len: int = 8192
     kv_cache_gib: float = 2.0  # CPU KV cache (VLLM_CPU_KVCACHE_SPACE)
     gpu_memory_utilization: float = 0.5
@@ -117,6 +120,8 @@ def engine_arguments(options: EngineOptions, on_gpu: bool) -> dict[str, Any]:
     )
     if options.kv_cache_dtype != "auto":
         kwargs["kv_cache_dtype"] = options.kv_cache_dtype
+    if options.quantization is not None:
+        kwargs["quantization"] = options.quantization
     if on_gpu:
         kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
     block_size = options.block_size or (GPU_BLOCK_SIZE if on_gpu else None)
