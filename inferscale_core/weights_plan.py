@@ -7,7 +7,7 @@ One decision, :func:`weights_plan`, from the model's files, the engine's device 
   is of a type that can be dequantized) and then dequantized into a Hugging Face folder, on
   both engines: neither vLLM the assistant runs on has a GGUF loader (checked in the wheels:
   vLLM 0.32, the CPU engine, and vLLM 0.26, the CUDA one, list no ``"gguf"`` quantization and
-  ship no ``gguf_loader``; ``tests/engine/test_weights_plan_engine.py`` pins it for the
+  ship no ``gguf_loader``; ``tests/unit/test_weights_support.py`` pins it for the
   installed one). ``weights = as-stored`` refuses it for that reason.
 * **A Hugging Face folder** with a ``quantization_config`` (AWQ, GPTQ, compressed-tensors,
   fp8: :data:`HF_QUANT_METHODS`) is passed to vLLM as it is, which serves it with its own
