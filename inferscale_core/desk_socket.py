@@ -319,8 +319,12 @@ class RemoteDesk:
     def add_fact(self, text: str, refers_to: str | None = None) -> dict[str, Any]:
         return self.call("add_fact", text=text, refers_to=refers_to)
 
-    def forget(self, fact_id: int) -> bool:
-        return self.call("forget", fact_id=fact_id)
+    def forget(self, fact_id: int, cause: str | None = None) -> bool:
+        """Forget the profile's active fact (False: it has none); ``cause`` goes in its
+        history (None: the desk's own words)."""
+        if cause is None:
+            return self.call("forget", fact_id=fact_id)
+        return self.call("forget", fact_id=fact_id, cause=cause)
 
     def wake(self) -> None:
         self.call("wake")

@@ -196,17 +196,27 @@ def run_forget(log: FactLog, pid: int, args: argparse.Namespace, console: Consol
     refused = _confirm(console, args.yes, "Forget these memories for good?", "nothing forgotten")
     if refused is not None:
         return refused
+    from inferscale_core.desk_socket import RemoteDesk
     from inferscale_core.kvstore import KVStore
 
+    # A running assistant forgets through its desk: its index and memory tiers drop the fact
+    # too. Every model's entries are then deleted here (the desk deletes its model's).
+    resident = RemoteDesk.connect(paths.memory_db(), args.profile_name)
     stores: dict[str, KVStore] = {}
     for fact in active:
         entries = log.kv_keys_by_model(fact.id)
-        log.forget_fact(fact.id, FORGET_CAUSE)
+        if resident is not None:
+            resident.forget(fact.id, FORGET_CAUSE)  # its log, index, tiers and KV
+        else:
+            log.forget_fact(fact.id, FORGET_CAUSE)
         for fingerprint, location in entries:
             if fingerprint not in stores:
                 stores[fingerprint] = KVStore(paths.kv_dir() / fingerprint)
             stores[fingerprint].delete(location)
-        console.print(f"forgot #{fact.id} ({len(entries)} KV entries deleted)")
+        through = " through the running assistant" if resident is not None else ""
+        console.print(f"forgot #{fact.id}{through} ({len(entries)} KV entries deleted)")
+    if resident is not None:
+        resident.close()
     return 0
 
 

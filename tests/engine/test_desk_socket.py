@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from app import cli
+from app.commands.memory import FORGET_CAUSE
+from inferscale_core import paths
 from inferscale_core.composer import TurnRejected
 from inferscale_core.desk_socket import (
     DeskBusyError,
@@ -149,7 +152,10 @@ try:
     s.connect(sys.argv[1])
 except PermissionError:
     print("EACCES"); sys.exit(0)
-s.sendall(b'{"method": "hello"}\\n')
+try:
+    s.sendall(b'{"method": "hello"}\\n')
+except OSError:  # refused and closed before this was sent: its answer is already here
+    pass
 print(s.makefile("rb").readline().decode().strip())
 """
 
@@ -179,3 +185,27 @@ def test_another_user_is_refused_by_mode_and_by_peer_credentials(served, desk):
     finally:
         server.close()
         shutil.rmtree(shared)
+
+
+def test_memory_forget_goes_through_the_running_desk(runtime, tmp_path, monkeypatch, capsys):
+    """With the assistant running, ``memory forget`` asks its desk, so the running index and
+    memory tiers drop the fact too, not only the log."""
+    monkeypatch.setenv(paths.HOME_ENV, str(tmp_path / "home"))
+    desk = started_desk(runtime, paths.memory_db())
+    server = DeskServer(desk)
+    try:
+        fact = desk.add_fact("My neighbour Rui repairs old valve radios.")
+        question = "Who repairs old radios?"
+        assert desk.search(question, k=3)[0]["id"] == fact["id"]
+        assert cli.main(["memory", "forget", str(fact["id"]), "--yes"]) == 0
+        said = capsys.readouterr()
+        assert f"forgot #{fact['id']} through the running assistant" in said.out + said.err
+        assert fact["id"] not in [h["id"] for h in desk.search(question, k=3)]
+        audit = desk.call(lambda s: s.factlog.audit(s.profile_id, fact["id"]))
+        assert (audit[-1].action, audit[-1].cause) == ("forget", FORGET_CAUSE)
+    finally:
+        server.close()
+        desk.close()
+    assert cli.main(["memory", "forget", str(fact["id"]), "--yes"]) == 0  # none running now
+    said = capsys.readouterr()
+    assert "already forgotten" in said.out + said.err
