@@ -22,6 +22,7 @@ vLLM import here: what the engines can do is written down, and the engine test c
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,29 +72,37 @@ class WeightsPlan:
 
 
 def inspect_gguf(path: Path) -> GGUFInfo:
-    """The header facts of the GGUF ``path``; :class:`WeightsError` for a file that is cut
-    short or holds a tensor type that cannot be dequantized."""
+    """The header facts of the GGUF ``path`` (:mod:`inferscale_core.gguf_header`: fast, no
+    tensor read); :class:`WeightsError` for a file that is cut short or holds a tensor type
+    that cannot be dequantized."""
     import gguf
     from gguf.quants import _type_traits
 
+    from inferscale_core.gguf_header import GGUFHeaderError, read_header
+
     try:
-        reader = gguf.GGUFReader(path)
-    except (ValueError, KeyError, IndexError, OSError, EOFError) as exc:
+        header = read_header(path)
+    except (GGUFHeaderError, OSError) as exc:
         raise WeightsError(
             f"{path} cannot be read as a GGUF file: it is cut short or damaged ({_one_line(exc)})"
         ) from exc
-    size = path.stat().st_size
+    known = {t.value: t.name for t in gguf.GGMLQuantizationType}
     types: Counter[str] = Counter()
     stored = 0
-    for tensor in reader.tensors:
-        end = int(tensor.data_offset) + int(tensor.n_bytes)
-        if end > size:
+    for tensor in header.tensors:
+        name = known.get(tensor.type_id, f"#{tensor.type_id}")
+        types[name] += 1
+        if name not in known.values():
+            continue
+        block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
+        n_bytes = math.prod(tensor.shape) // block * type_size
+        end = tensor.offset + n_bytes
+        if end > header.size:
             raise WeightsError(
                 f"{path} is cut short: tensor {tensor.name} ends at byte {end:,} of a"
-                f" {size:,}-byte file (an interrupted download or copy?)"
+                f" {header.size:,}-byte file (an interrupted download or copy?)"
             )
-        types[tensor.tensor_type.name] += 1
-        stored += int(tensor.n_bytes)
+        stored += n_bytes
     readable = set(_FLOAT_TYPES) | {t.name for t in _type_traits}
     unknown = sorted(set(types) - readable)
     if unknown:
@@ -101,16 +110,18 @@ def inspect_gguf(path: Path) -> GGUFInfo:
             f"{path} holds tensors of type {', '.join(unknown)}, which the GGUF dequantizer"
             f" cannot read (readable: {', '.join(sorted(readable))})"
         )
-    return GGUFInfo(_file_type(reader, types), dict(types), stored)
+    return GGUFInfo(
+        _file_type(header.metadata.get("general.file_type"), types), dict(types), stored
+    )
 
 
-def _file_type(reader, types: Counter[str]) -> str:
+def _file_type(file_type: object, types: Counter[str]) -> str:
+    """llama.cpp's name of ``general.file_type``, else the quantized type with most tensors."""
     import gguf
 
-    field = reader.get_field("general.file_type")
-    if field is not None:
+    if isinstance(file_type, int):
         try:
-            return gguf.LlamaFileType(int(field.contents())).name.removeprefix("MOSTLY_")
+            return gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_")
         except ValueError:
             pass
     quantized = [t for t in types if t not in _FLOAT_TYPES]
