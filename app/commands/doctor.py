@@ -231,7 +231,7 @@ def check_weights(config: AppConfig, model_dir: Path | None) -> Check:
         plan = weights_plan(source, device, config.weights)
     except ModelSetupError as exc:
         return Check("weights", "fail", str(exc).split("\n")[0], "set weights = auto")
-    detail = f"{plan.quantization}, served {plan.served}" + (f" ({plan.note})" if plan.note else "")
+    detail = plan.quantization + (f", {plan.note}" if plan.note else f", served {plan.served}")
     if plan.dequantize:
         detail += f"; the GGUF's tensors: {inspect_gguf(source).weights_bytes / 1e6:,.1f} MB"
     if model_dir is None:

@@ -49,7 +49,7 @@ def test_doctor_says_the_weights_bytes_and_that_there_is_no_gpu(smollm2_path: Pa
     stored = sum(p.stat().st_size for p in smollm2_path.glob("*.safetensors"))
     assert stored > 500e6  # float32, dequantized
     assert check.detail == (
-        "Q4_1, served dequantized (dequantized: the CPU engine (vLLM 0.32) has no GGUF loader);"
+        "Q4_1, dequantized: the CPU engine (vLLM 0.32) has no GGUF loader;"
         f" the GGUF's tensors: 96.6 MB; the engine's weights: {stored / 1e6:,.1f} MB;"
         " no GPU: the CPU engine holds them in RAM"
     )
