@@ -10,7 +10,9 @@ process (one vLLM engine per process) runs ``tests/support/injection_check.py``'
 * ``weights_bytes``: the weights as vLLM holds them (parameters and buffers, read in the
   engine through ``LLM.apply_model``; on the CPU engine the linear layers' oneDNN-packed
   weights are not among them, so it counts little more than the embeddings there);
-* what the wiring wrote to the cache: a dequantized folder and its bytes, or nothing.
+* what the wiring wrote to the cache: a dequantized folder and its bytes, or nothing;
+* ``doctor_weights``: doctor's weights line for that model and setting (with CUDA the GPU's
+  split: weights / vLLM KV cache / memory pool / free).
 
 The installed vLLM's facts come first: its version, whether it has a GGUF loader and its
 weight quantizations. Everything goes to ``OUT/gguf-gpu.json``.
@@ -149,6 +151,12 @@ def _child(gguf: Path, mode: str, workdir: Path, dtype: str | None) -> int:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     dtype = dtype or ("bfloat16" if torch.cuda.is_available() else "auto")
     report = run_checks(gguf, workdir, dtype=dtype, weights=mode)
+    # doctor's weights line for this model and setting (with CUDA: the GPU's split)
+    from app.commands.doctor import check_weights
+    from inferscale_core.config import AppConfig
+
+    check = check_weights(AppConfig(model=str(gguf), weights=mode), Path(report["model_dir"]))
+    report["doctor_weights"] = f"{check.status}: {check.detail}"
     print(_REPORT + json.dumps(report), flush=True)
     return 0
 

@@ -41,3 +41,5 @@ def test_auto_runs_the_gguf_dequantized_and_injects_exactly(tmp_path: Path) -> N
     (folder,) = auto["dequantized_folders_written"].values()
     assert folder > 500e6  # float32
     assert 0 < auto["weights_bytes"] < folder and "oneDNN" in auto["weights_bytes_note"]
+    assert auto["doctor_weights"].startswith("ok: Q4_1, dequantized: the CPU engine")
+    assert auto["doctor_weights"].endswith("no GPU: the CPU engine holds them in RAM")
