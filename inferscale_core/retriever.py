@@ -510,15 +510,18 @@ class Retriever:
     def _current_first(
         self, profile_id: int, ranked: list[tuple[Fact, float]], skip: frozenset[int]
     ) -> list[tuple[Fact, float]]:
-        """Each closed fact's open successor (:meth:`FactLog.open_successors`) takes its place
-        unless ranked above it already; the closed facts go after the open ones."""
+        """Each closed fact's open successors (:meth:`FactLog.open_successors`: what closed
+        it, and what holds each of its slots now) take its place unless ranked above it
+        already; the closed facts go after the open ones."""
         closed = [f.id for f, _ in ranked if f.valid_until is not None]
         if not closed:
             return ranked
         successors = {
-            old: new for old, new in self.log.open_successors(closed).items() if new not in skip
+            old: [fid for fid in new if fid not in skip]
+            for old, new in self.log.open_successors(closed).items()
         }
-        wanted = [new for new in successors.values() if new not in {f.id for f, _ in ranked}]
+        have = {f.id: f for f, _ in ranked}
+        wanted = [fid for new in successors.values() for fid in new if fid not in have]
         extra = self._active_facts(profile_id, wanted) if wanted else {}
         current: list[tuple[Fact, float]] = []
         placed: set[int] = set()
@@ -528,10 +531,9 @@ class Retriever:
                     current.append((fact, score))
                     placed.add(fact.id)
                 continue
-            new = successors.get(fact.id)
-            if new is not None and new not in placed:
-                found = extra.get(new) or next((f for f, _ in ranked if f.id == new), None)
-                if found is not None and found.valid_until is None:
+            for new in successors.get(fact.id, []):
+                found = extra.get(new) or have.get(new)
+                if new not in placed and found is not None and found.valid_until is None:
                     current.append((found, score))
                     placed.add(new)
         return current + [(f, s) for f, s in ranked if f.valid_until is not None]

@@ -54,7 +54,7 @@ ATTRIBUTES = (
 
 # The value of a place, an employer or a name: a capitalized run ("Porto", "St John's",
 # "New York"); up to a stop, a comma, a conjunction or a time phrase.
-_NAME = r"(?P<v>(?-i:[A-Z0-9][\w'&.-]*)(?:\s+(?-i:[A-Z][\w'&.-]*|of|de|da|do))*)"
+_NAME = r"(?P<v>(?-i:[A-Z0-9][\w'&.-]*)(?:\s+(?-i:[A-Z][\w'&.-]*|(?:of|de|da|do)\b))*)"
 # Any short phrase (a job title, a diet, a band): up to a stop or a clause boundary.
 _PHRASE = r"(?P<v>[\w'&$€£.,-]+(?:\s+(?!and\b|but\b|since\b|because\b|now\b|so\b|with\b)[\w'&$€£.-]+){0,4})"
 _NOW = r"(?:\s+(?:now|just|finally|recently|also|officially|actually))?"
@@ -83,6 +83,16 @@ _CARS = (
     r"(?:tesla|toyota|renault|volkswagen|vw|ford|bmw|audi|mercedes|fiat|peugeot|honda|nissan"
     r"|kia|hyundai|skoda|seat|volvo|mazda|opel|citro[eë]n|dacia|mini|polestar)"
 )
+# The head noun of a job title: "analytics engineer", "senior nurse", "head chef".
+_JOBS = (
+    r"(?:engineer|developer|programmer|designer|analyst|scientist|architect|researcher|manager"
+    r"|director|consultant|accountant|lawyer|nurse|doctor|teacher|lecturer|professor|editor"
+    r"|writer|journalist|translator|chef|cook|technician|administrator|specialist|officer"
+    r"|intern|lead|tester|electrician|plumber|pharmacist|therapist|paramedic|barista|waiter"
+    r"|cashier|librarian|photographer|producer|coordinator|recruiter|secretary|founder)"
+)
+_JOB = rf"(?P<v>(?:[\w-]+\s+){{0,3}}?{_JOBS})\b"
+_AMOUNT = r"(?P<v>[$€£]?\s?\d[\d.,]*)"
 _INSTRUMENTS = (
     r"(?:guitar|piano|violin|cello|drums|bass|ukulele|saxophone|sax|flute|trumpet|clarinet"
     r"|harp|accordion|banjo|keyboard)"
@@ -121,6 +131,12 @@ _SETS: tuple[tuple[str | None, re.Pattern[str]], ...] = tuple(
         ),
         ("employer", rf"\bi(?:'ve|\s+have)?\s+(?:was\s+|been\s+|got\s+)?hired\s+by\s+{_NAME}"),
         ("employer", rf"\bmy\s+(?:new\s+)?(?:employer|company)\s+is\s+{_NAME}"),
+        # the first days of a job: "First week at Zalando done", "my new job at Bosch"
+        (
+            "employer",
+            rf"\b(?:first|1st)\s+(?:full\s+)?(?:day|week|month)\s+(?:at|with)\s+(?:the\s+new\s+job\s+at\s+)?{_NAME}",
+        ),
+        ("employer", rf"\b(?:my|the)\s+new\s+(?:job|position|role)\s+(?:at|with)\s+{_NAME}"),
         (
             "role",
             rf"\bi{_NOW}\s+(?:work|(?:'m|\s+am)\s+(?:now\s+)?working)\s+as\s+(?:an?\s+)?{_PHRASE}",
@@ -133,6 +149,11 @@ _SETS: tuple[tuple[str | None, re.Pattern[str]], ...] = tuple(
             "role",
             rf"\bmy\s+(?:new\s+)?(?:job|role|position|title)\s+is\s+(?:now\s+)?(?:as\s+)?(?:an?\s+)?{_PHRASE}",
         ),
+        # a title said without "I work as": "Being a nurse is ...", "promoted to senior
+        # engineer", "I'm a data analyst now" (a job's head noun: _JOBS)
+        ("role", rf"^(?:\w+\s+){{0,2}}?being\s+(?:an?\s+)?{_JOB}"),
+        ("role", rf"\bpromoted\s+to\s+(?:an?\s+)?{_JOB}"),
+        ("role", rf"\bi(?:'m|\s+am){_NOW}\s+(?:an?\s+)(?!lot\b|bit\b){_JOB}"),
         (
             "salary",
             rf"\bi{_NOW}\s+(?:earn|make|get\s+paid)\s+(?:about\s+|around\s+)?(?P<v>[$€£]?\s?\d[\d.,]*\s*k?)",
@@ -212,6 +233,12 @@ _SETS: tuple[tuple[str | None, re.Pattern[str]], ...] = tuple(
             "rent",
             rf"\b(?:(?:my|our|the)\s+rent\s+is|(?:i|we)\s+pay){_NOW}\s+(?:about\s+)?(?P<v>[$€£]?\s?\d[\d.,]*)\s*(?:euros?\s+)?(?:a|per)\s+month",
         ),
+        ("rent", rf"\brent\s+(?:is|of){_NOW}\s+(?:about\s+)?{_AMOUNT}"),
+        # a flat and what it costs: "a flat in Neukölln, 1,450 warm", "the flat is 900 a month"
+        (
+            "rent",
+            rf"\b(?:flat|apartment|place|room)\b[^.!?]*?\s{_AMOUNT}\s*(?:euros?\s+|eur\s+)?(?:a\s+month|per\s+month|monthly|warm|cold|all\s+in)\b",
+        ),
         (
             "salary",
             rf"\bi{_NOW}\s+take\s+home\s+(?:about\s+|around\s+)?(?P<v>[$€£]?\s?\d[\d.,]*\s*k?)",
@@ -243,7 +270,11 @@ _ENDS: tuple[tuple[str | None, re.Pattern[str]], ...] = tuple(
         ),
         (
             "partner",
-            rf"\b(?:i|we)\s+(?:broke\s+up|split\s+up|separated|divorced)\s+(?:with\s+)?{_NAME}",
+            rf"\b(?:i|we)\s+(?:broke\s+up|split\s+up|separated|divorced)\s+(?:with\s+|from\s+)?(?!\d){_NAME}",
+        ),
+        (
+            "partner",
+            rf"^{_NAME}\s+and\s+i\s+(?:have\s+|just\s+)?(?:broke\s+up|split\s+up|separated|divorced)\b",
         ),
         (None, rf"\b(?:my\s+)?(?:{_PET}\s+)?{_NAME}\s+(?:died|passed\s+away|was\s+put\s+down)"),
         ("car", rf"\b(?:i\s+)?sold\s+(?:my|the|our)\s+(?:old\s+)?(?P<v>{_CARS}|car)\b"),
@@ -259,10 +290,10 @@ _ARTICLE = re.compile(r"^(?:the|a|an|my|our)\s+", re.IGNORECASE)
 _FILLER_WORD = re.compile(r"\b(?:last|this|next|on|in|at|yesterday|today|ago)\b.*$", re.IGNORECASE)
 _SPEAKER = re.compile(r"^(?P<name>[^:\n]{1,40}):\s+")
 _FIRST_PERSON = re.compile(
-    r"\b(?:i|i'm|i've|i'd|i'll|we|we're|we've|my|our)\b"
+    r"\b(?:i|i'm|i've|i'd|i'll|we|we're|we've|my|our|us)\b"
     # a chat's subjectless first person: "Started at Siemens on Monday", "Just moved to Porto"
     r"|^(?:just\s+|finally\s+)?(?:started|moved|joined|got|switched|went|adopted|quit|left|sold"
-    r"|reading|cancell?ed|bought|also|treated)\b"
+    r"|reading|cancell?ed|bought|also|treated|being|first\s+(?:day|week|month))\b"
     r"|^\w+\s+is\s+(?:now\s+)?my\b|^\w+\s+and\s+i\b",
     re.IGNORECASE,
 )

@@ -144,17 +144,48 @@ class ValidityMixin(AuditMixin, KVIndexMixin):
             found.update(r[0] for r in self.db.execute(query + tail, args).fetchall())
         return frozenset(found)
 
-    def open_successors(self, ids: Sequence[int]) -> dict[int, int]:
-        """``{closed fact id: the open fact that replaced it}``, following a chain of closes
-        (Lisbon -> Porto -> Berlin gives Lisbon -> Berlin) for those ``ids`` that are closed
-        by an active fact; an ending ("Rex died") counts as the successor too."""
-        found: dict[int, int] = {}
+    def open_successors(self, ids: Sequence[int]) -> dict[int, list[int]]:
+        """``{closed fact id: the open facts that replaced it}`` for those ``ids`` that are
+        closed by an active fact: first the end of its chain of closes (Lisbon -> Porto ->
+        Berlin gives Lisbon -> Berlin; an ending such as "Rex died" counts too), then, for each
+        slot it set, the open fact that holds that slot now (:meth:`slot_holders`). A fact of
+        two slots is closed by whichever changed first ("Started at Siemens as a data
+        engineer", closed by a promotion), yet its other slot changes later ("First week at
+        Zalando"): both successors stand in for it."""
+        found: dict[int, list[int]] = {}
         for start, by in self._ended_by(ids).items():
             seen = {start, by}
             while (later := self._ended_by([by]).get(by)) is not None and later not in seen:
                 seen.add(later)
                 by = later
-            found[start] = by
+            found[start] = [by]
+        for start, holders in self.slot_holders(list(found)).items():
+            found[start] += [fid for fid in holders if fid not in found[start]]
+        return found
+
+    def slot_holders(self, ids: Sequence[int]) -> dict[int, list[int]]:
+        """``{fact id: the open, active facts that set one of its slots now}`` (another value
+        or the same; the latest said first, one per slot), for those ``ids`` that set a slot
+        and have such a holder."""
+        found: dict[int, list[int]] = {}
+        for chunk, marks in id_chunks(ids):
+            rows = self.db.execute(
+                "SELECT s.fact_id, s.key, f.id FROM fact_slots s"
+                " JOIN fact_slots o ON o.profile_id = s.profile_id AND o.key = s.key"
+                " AND o.ends = 0 AND o.fact_id <> s.fact_id"
+                " JOIN facts f ON f.id = o.fact_id AND f.status = 'active'"
+                " AND f.valid_until IS NULL"
+                f" WHERE s.fact_id IN ({marks}) AND s.ends = 0"
+                " ORDER BY s.fact_id, s.key, COALESCE(f.refers_to, substr(f.created_at, 1, 10))"
+                " DESC, f.id DESC",
+                chunk,
+            ).fetchall()
+            keys: set[tuple[int, str]] = set()
+            for fact_id, key, holder in rows:
+                if (fact_id, key) not in keys:
+                    keys.add((fact_id, key))
+                    if holder not in found.setdefault(fact_id, []):
+                        found[fact_id].append(holder)
         return found
 
     # -- helpers ------------------------------------------------------------------------------

@@ -43,6 +43,14 @@ SETS = [
     ("I cancelled Fitness Hut and got a McFit membership.", "gym", "mcfit"),
     ("I've gone fully vegan since 1 January.", "diet", "vegan"),
     ("I take the green line metro to the office.", "commute", "metro"),
+    # a change said without the old value's words
+    ("My first day at Bosch was chaos, I started on Monday.", "employer", "bosch"),
+    ("Loving my new job at Spotify.", "employer", "spotify"),
+    ("Being a nurse is harder than I thought.", "role", "nurse"),
+    ("I got promoted to senior engineer!", "role", "senior engineer"),
+    ("I'm a data analyst now.", "role", "data analyst"),
+    ("Rent is 950 for our flat.", "rent", "950"),
+    ("We found a flat in Graça, 900 a month.", "rent", "900"),
 ]
 NONE = [
     "My cousin lives in Porto.",  # someone else's
@@ -54,6 +62,10 @@ NONE = [
     "I started The Three-Body Problem.",  # a book or a job? not told
     "Reading about the history of Lisbon.",
     "I'm learning a lot at the new job.",
+    "My first week at the gym was hard.",
+    "Being a parent is hard.",  # not a job
+    "My sister is a nurse.",
+    "I'm a big fan of jazz.",
 ]
 ENDS = [
     ("I don't work at Siemens anymore.", "employer", "siemens"),
@@ -62,6 +74,7 @@ ENDS = [
     ("Sold the Tesla on Saturday.", "car", "tesla"),
     ("I'm without a car for the first time.", "car", ANY),
     ("I cancelled Fitness Hut and got a McFit membership.", "gym", "fitness hut"),
+    ("Sofia and I broke up 2 days ago.", "partner", "sofia"),  # the name, not "2 da"
 ]
 # (older, newer, whether the newer replaces the older)
 PAIRS = [
@@ -82,6 +95,9 @@ PAIRS = [
     ("I bought a Pixel 8.", "I got a Pixel 9 on Friday.", True),
     ("I bought a Pixel 8.", "My Pixel 8 screen cracked.", False),
     ("Reading Dune at the moment.", "I'm reading Klara and the Sun.", True),
+    ("I work as a data engineer.", "Being an analytics engineer is new to me.", True),
+    ("Started at Siemens on Monday.", "First week at Zalando done.", True),
+    ("We pay 780 a month.", "Lena found us a flat in Mitte, 1,450 warm.", True),
 ]
 
 

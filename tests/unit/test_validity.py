@@ -80,6 +80,17 @@ def test_undo_and_forgetting_reopen(log):
     assert log.get_fact(porto.id).valid_until is None
 
 
+def test_a_fact_of_two_slots_has_a_successor_for_each(log):
+    p = log.profile()
+    siemens, _ = log.add_fact(p, "Started at Siemens as a data engineer.", date(2024, 5, 6))
+    senior, _ = log.add_fact(p, "I got promoted to senior data engineer.", date(2025, 2, 7))
+    log.read_slots(p)  # the role changed first: that closes the whole statement
+    assert log.get_fact(siemens).ended_by == senior
+    zalando, _ = log.add_fact(p, "First week at Zalando done.", date(2025, 10, 1))
+    log.read_slots(p)  # the employer changes too; the closed fact stays closed by the role
+    assert log.open_successors([siemens]) == {siemens: [senior, zalando]}
+
+
 def test_closing_drops_the_kv_rows_so_the_line_is_encoded_again(log):
     p = log.profile()
     lisbon, _ = log.add_fact(p, "I live in Lisbon.", date(2022, 1, 1))
