@@ -269,7 +269,7 @@ def old_design_extra_gib(model_dir: Path) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from bench.dummy import SHAPES, resolve_dummy_config
+    from bench.dummy import DUMMY_WEIGHTS, SHAPES, resolve_dummy_config
     from inferscale_core import wiring
     from inferscale_core.config import AppConfig
     from inferscale_core.context_window import WINDOWS
@@ -282,6 +282,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--dummy-config", help=f"dummy weights of a shape ({', '.join(SHAPES)})")
     parser.add_argument("--tokenizer", type=Path, help="tokenizer folder for --dummy-config")
+    parser.add_argument(
+        "--weights",
+        choices=DUMMY_WEIGHTS,
+        default="bf16",
+        help="dummy weights: bf16, or int4 (compressed-tensors W4A16 as GGUF folders; bf16)",
+    )
     parser.add_argument("--facts", type=int, default=200)
     parser.add_argument("--backlog", type=int, default=2000)
     parser.add_argument("--probes", type=int, default=20)
@@ -303,6 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--step-tokens", type=int, default=None, help="max_num_batched_tokens")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.weights != "bf16" and (not args.dummy_config or args.old_design):
+        parser.error("--weights int4 is for --dummy-config runs, without --old-design")
     started = time.perf_counter()
 
     def progress(message: str) -> None:
@@ -316,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             k=args.k, w=args.w, window=args.window, gpu_pool_gib=args.pool_gib if cuda else 0
         )
         if args.dummy_config:
-            model_dir = resolve_dummy_config(args.dummy_config, Path(tmp))
+            model_dir = resolve_dummy_config(args.dummy_config, Path(tmp), args.weights)
             for name in ("tokenizer.json", "tokenizer_config.json"):
                 shutil.copy(Path(args.tokenizer) / name, model_dir / name)
             config.model = str(model_dir)

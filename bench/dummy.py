@@ -8,7 +8,9 @@ the connector's whole path (scheduler checks, re-rotation, cache writes) runs as
 product. Answers are meaningless; accuracy benches need the real model.
 
 ``--dummy-config`` takes a built-in shape name (:data:`SHAPES`), a ``config.json`` file or a
-folder holding one.
+folder holding one. ``weights="int4"`` adds the ``quantization_config`` of the 4-bit folders
+made from GGUFs (:func:`inferscale_core.gguf_int4.quantization_config`: compressed-tensors
+W4A16, asymmetric, group 32), so the dummy load builds 4-bit layers (Marlin on CUDA).
 """
 
 from __future__ import annotations
@@ -91,35 +93,68 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
+#: How the dummy weights are held: bf16 (the config's dtype) or the GGUF folders' int4.
+DUMMY_WEIGHTS = ("bf16", "int4")
+
+
+def dummy_weights_config(config: dict[str, Any], weights: str = "bf16") -> dict[str, Any]:
+    """``config`` with the ``quantization_config`` of ``weights`` (none for bf16); the 4-bit
+    one needs bf16 or fp16 activations (vLLM's W4A16 kernels), so its dtype becomes bf16."""
+    if weights not in DUMMY_WEIGHTS:
+        raise ValueError(f"weights must be one of {', '.join(DUMMY_WEIGHTS)}; got {weights!r}")
+    if weights == "bf16":
+        return config
+    from inferscale_core.gguf_int4 import quantization_config
+
+    if "quantization_config" in config:
+        raise ValueError(f"weights={weights}: the config is quantized already")
+    return {
+        **config,
+        "torch_dtype": "bfloat16",
+        "quantization_config": quantization_config(["lm_head"]),
+    }
+
+
 def write_dummy_config(
-    folder: Path, shape: str = "llama-3.1-8b", overrides: dict[str, Any] | None = None
+    folder: Path,
+    shape: str = "llama-3.1-8b",
+    overrides: dict[str, Any] | None = None,
+    weights: str = "bf16",
 ) -> Path:
     """Write ``folder/config.json`` of a built-in shape, with ``overrides`` (e.g.
-    ``{"num_hidden_layers": 2}`` for a CPU smoke run); returns the folder."""
+    ``{"num_hidden_layers": 2}`` for a CPU smoke run) and ``weights`` (:data:`DUMMY_WEIGHTS`);
+    returns the folder."""
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; built-in shapes: {', '.join(SHAPES)}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     merged = {**SHAPES[shape], **(overrides or {})}
-    config = {k: v for k, v in merged.items() if v is not None}
+    config = dummy_weights_config({k: v for k, v in merged.items() if v is not None}, weights)
     (folder / "config.json").write_text(json.dumps(config, indent=1) + "\n")
     return folder
 
 
-def resolve_dummy_config(spec: str, work_dir: Path) -> Path:
-    """A config-only model folder from a shape name, a config.json file or a folder."""
+def resolve_dummy_config(spec: str, work_dir: Path, weights: str = "bf16") -> Path:
+    """A config-only model folder from a shape name, a config.json file or a folder, its
+    weights held as ``weights`` (a config of another folder is copied to add int4's)."""
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"{path} has no config.json")
-        return path
+        if weights == "bf16":
+            return path
+        path = path / "config.json"
     if path.is_file():
         folder = Path(work_dir) / "dummy-model"
         folder.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, folder / "config.json")
+        if weights == "bf16":
+            shutil.copyfile(path, folder / "config.json")
+        else:
+            config = dummy_weights_config(json.loads(path.read_text()), weights)
+            (folder / "config.json").write_text(json.dumps(config, indent=1) + "\n")
         return folder
     if spec in SHAPES:
-        return write_dummy_config(Path(work_dir) / spec, spec)
+        return write_dummy_config(Path(work_dir) / spec, spec, weights=weights)
     raise FileNotFoundError(
         f"--dummy-config {spec!r} is neither a file, a folder nor a built-in shape"
         f" ({', '.join(SHAPES)})"

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from bench.arguments import parse_ks, parse_names
-from bench.dummy import SHAPES, layout_request
+from bench.dummy import SHAPES, dummy_weights_config, layout_request
 from bench.report import percentile
 from inferscale_core import wiring
 from inferscale_core.composer import ComposedPrompt, entry_key
@@ -56,9 +56,12 @@ KS = (0, 5, 15, 25, 50, 100)
 RECOMPUTE_KS, RECOMPUTE_RS = (20, 50), (0, 1, 2, 4, 8)
 
 
-def write_dummy_model(folder: Path) -> Path:
+def write_dummy_model(folder: Path, weights: str = "bf16") -> Path:
+    """The 8B shape's config-only folder; ``weights="int4"`` makes vLLM's dummy load build
+    4-bit layers (:func:`bench.dummy.dummy_weights_config`; bf16 writes the bytes as before)."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(LLAMA_31_8B, indent=1))
+    config = dummy_weights_config(LLAMA_31_8B, weights)
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
     return folder
 
 
@@ -83,7 +86,12 @@ class Suite:
     def __init__(self, out: Path, pool_size: int = 260, gpu_pool_gib: float = 4.0) -> None:
         self.out = out
         self.rng = random.Random(0)
-        model = write_dummy_model(Path("/tmp/inferscale-llama8b"))
+        # SUITE_WEIGHTS: the dummy weights (bf16 | int4: compressed-tensors W4A16, Marlin)
+        self.weights = os.environ.get("SUITE_WEIGHTS", "") or "bf16"
+        if self.weights != "bf16" and os.environ.get("SUITE_QUANTIZATION"):
+            raise SystemExit("SUITE_WEIGHTS=int4 and SUITE_QUANTIZATION are either-or")
+        folder = "/tmp/inferscale-llama8b" + ("" if self.weights == "bf16" else f"-{self.weights}")
+        model = write_dummy_model(Path(folder), self.weights)
         # SUITE_KV_CACHE_DTYPE: vLLM's KV cache (auto: bf16 | fp8); an fp8 engine's entries are
         # fp8 values as its cache holds them, in a store of their own (model_fingerprint)
         self.kv_cache_dtype = os.environ.get("SUITE_KV_CACHE_DTYPE", "auto")
@@ -715,6 +723,7 @@ def main(out: Path) -> None:
     result["store_dtype"] = suite.store_dtype
     result["kv_cache_dtype"] = suite.kv_cache_dtype
     result["quantization"] = suite.quantization or "none"
+    result["weights"] = suite.weights
     result["block_size"] = suite.engine.block_size
     result["prefix_caching_hash_algo"] = suite.hash_algo or "default (sha256)"
     # vLLM 0.26 picks its V2 model runner for this model unless VLLM_USE_V2_MODEL_RUNNER=0.
