@@ -276,6 +276,24 @@ def gguf_dir(gguf: Path, *, label: str | None = None, progress: bool = True) -> 
     )
 
 
+def gguf_int4_target(gguf: Path, label: str | None = None) -> Path:
+    """Where :func:`gguf_int4_dir` builds: ``cache_dir()/models/<label>-int4-<hash>``."""
+    return cache_dir() / "models" / f"{safe_label(label or gguf.stem)}-int4-{gguf_key(gguf)}"
+
+
+def gguf_int4_dir(gguf: Path, *, label: str | None = None, progress: bool = True) -> Path:
+    """A 4-bit (compressed-tensors W4A16) folder of the GGUF file ``gguf``'s own codes, built
+    once (:func:`inferscale_core.gguf_int4.write_int4_folder`)."""
+    from inferscale_core.gguf_int4 import write_int4_folder
+
+    gguf = Path(gguf)
+    name = label or gguf.stem
+    return build_once(
+        gguf_int4_target(gguf, label),
+        lambda out: write_int4_folder(gguf, out, name=name, progress=progress),
+    )
+
+
 def save_dtype(parameters: int) -> str | None:
     """The dtype a dequantized GGUF of ``parameters`` parameters is saved in: ``"bfloat16"``
     above :data:`BF16_ABOVE_PARAMETERS` (1.5e9), else None: the float32 it dequantizes to."""
@@ -642,11 +660,12 @@ def resolve_model(
     from inferscale_core.weights_plan import engine_device, weights_plan
 
     located = _locate(path_or_name, label)
-    weights_plan(located.path, engine_device(), weights)
+    plan = weights_plan(located.path, engine_device(), weights)
     if located.kind == "embedded":
         folder = smollm2_dir(progress=progress)
     elif located.kind == "gguf":
-        folder = gguf_dir(located.path, label=located.label, progress=progress)
+        build = gguf_int4_dir if plan.int4 else gguf_dir
+        folder = build(located.path, label=located.label, progress=progress)
     else:
         folder = located.path
     return _checked(folder, located.what)
@@ -658,9 +677,9 @@ def prepared_model(path_or_name: str | os.PathLike[str] | None) -> Path | None:
     located = _locate(path_or_name)
     if located.kind == "embedded":
         folder = smollm2_prepared()
-    elif located.kind == "gguf":
-        folder = gguf_target(located.path, located.label)
-        folder = folder if (folder / MARKER).is_file() else None
+    elif located.kind == "gguf":  # the 4-bit folder where one was built, else the float one
+        built = [target(located.path, located.label) for target in (gguf_int4_target, gguf_target)]
+        folder = next((f for f in built if (f / MARKER).is_file()), None)
     else:
         folder = located.path
     return None if folder is None else _checked(folder, located.what)

@@ -105,6 +105,7 @@ def _quantization(folder: Path, marker: dict, device: str) -> tuple[str, str]:
     """A folder's quantization as stored and the plan's note (a dequantized GGUF: the GGUF's
     file type, from the marker or, for folders built before it was recorded, the file)."""
     from inferscale_core.weights_plan import (
+        INT4_SERVED,
         NO_GGUF_LOADER,
         WeightsError,
         folder_quantization,
@@ -118,6 +119,9 @@ def _quantization(folder: Path, marker: dict, device: str) -> tuple[str, str]:
     if quantization is None and source.is_file():
         with contextlib.suppress(WeightsError):
             quantization = inspect_gguf(source).file_type
+    if "int4" in marker:  # the GGUF's 4-bit codes (gguf_int4.py)
+        served = INT4_SERVED.format(quantization or "?")
+        return str(quantization or "?"), f"{served}: {NO_GGUF_LOADER[device]}"
     return str(quantization or "?"), f"dequantized: {NO_GGUF_LOADER[device]}"
 
 

@@ -8,7 +8,10 @@ One decision, :func:`weights_plan`, from the model's files, the engine's device 
   both engines: neither vLLM the assistant runs on has a GGUF loader (checked in the wheels:
   vLLM 0.32, the CPU engine, and vLLM 0.26, the CUDA one, list no ``"gguf"`` quantization and
   ship no ``gguf_loader``; ``tests/unit/test_weights_support.py`` pins it for the
-  installed one). ``weights = as-stored`` refuses it for that reason.
+  installed one). ``weights = as-stored`` refuses it for that reason. With ``auto``, a Llama
+  GGUF whose 4-bit tensors are all Q4_0 becomes a 4-bit folder instead
+  (:mod:`inferscale_core.gguf_int4`: its own codes and scales as compressed-tensors W4A16; both
+  engines run it); Q4_1 and Q4_K are dequantized, as their float offsets would be rounded.
 * **A Hugging Face folder** with a ``quantization_config`` (AWQ, GPTQ, compressed-tensors,
   fp8: :data:`HF_QUANT_METHODS`) is passed to vLLM as it is, which serves it with its own
   kernels; another ``quant_method`` is refused at once.
@@ -37,6 +40,10 @@ NO_GGUF_LOADER = {
     "cpu": "the CPU engine (vLLM 0.32) has no GGUF loader",
     "cuda": "the CUDA engine (vLLM 0.26) has no GGUF loader",
 }
+#: GGUF 4-bit types whose float offsets a W4A16 folder's integer zero point would round.
+INT4_ROUNDED = frozenset({"Q4_1", "Q4_K"})
+#: How a 4-bit folder made from a GGUF is served (``served`` and the note's start).
+INT4_SERVED = "4-bit (from {}, compressed-tensors W4A16)"
 #: GGUF tensor types stored unquantized (their name is the dtype).
 _FLOAT_TYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
@@ -52,6 +59,13 @@ class GGUFInfo:
     file_type: str  # llama.cpp's name of the file's quantization: "Q4_1", "Q4_K_M", "F16"
     tensor_types: dict[str, int]  # type name -> tensors of that type
     weights_bytes: int  # the tensors' bytes as stored
+    architecture: str = ""  # general.architecture: "llama"
+
+    @property
+    def int4_exact(self) -> bool:
+        """Its 4-bit tensors map exactly onto a compressed-tensors W4A16 folder: all Q4_0."""
+        types = set(self.tensor_types)
+        return self.architecture == "llama" and "Q4_0" in types and not types & INT4_ROUNDED
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +76,13 @@ class WeightsPlan:
     dequantize: bool  # a GGUF turned into a Hugging Face folder first
     on_load: str | None  # vLLM's ``quantization=`` (quantized as it loads), else None
     note: str  # one line for ``doctor`` and ``models list``; "" when served as stored
+    int4: bool = False  # a GGUF's 4-bit codes repacked into a W4A16 folder (gguf_int4.py)
 
     @property
     def served(self) -> str:
         """What the engine runs, in a few words."""
+        if self.int4:
+            return INT4_SERVED.format(self.quantization)
         if self.on_load:
             return f"{self.on_load} (quantized on load)"
         return "dequantized" if self.dequantize else self.quantization
@@ -110,9 +127,9 @@ def inspect_gguf(path: Path) -> GGUFInfo:
             f"{path} holds tensors of type {', '.join(unknown)}, which the GGUF dequantizer"
             f" cannot read (readable: {', '.join(sorted(readable))})"
         )
-    return GGUFInfo(
-        _file_type(header.metadata.get("general.file_type"), types), dict(types), stored
-    )
+    file_type = _file_type(header.metadata.get("general.file_type"), types)
+    arch = header.metadata.get("general.architecture")
+    return GGUFInfo(file_type, dict(types), stored, arch if isinstance(arch, str) else "")
 
 
 def _file_type(file_type: object, types: Counter[str]) -> str:
@@ -151,6 +168,9 @@ def weights_plan(source: Path, device: str, setting: str = "auto") -> WeightsPla
                 f"weights = as-stored cannot serve {source.name} ({info.file_type}): {why};"
                 " set weights = auto to run it dequantized"
             )
+        if setting == "auto" and info.int4_exact:
+            served = INT4_SERVED.format(info.file_type)
+            return WeightsPlan(info.file_type, False, None, f"{served}: {why}", int4=True)
         return _on_load(source.name, info.file_type, True, f"dequantized: {why}", device, setting)
     quantization = folder_quantization(source)
     quant = _config(source).get("quantization_config")

@@ -106,6 +106,36 @@ def test_a_gguf_is_dequantized_on_both_engines_and_says_why() -> None:
     assert "CPU engine (vLLM 0.32) has no GGUF loader" in weights_plan(smollm2_gguf(), "cpu").note
 
 
+def test_a_q4_0_llama_gguf_is_served_4_bit_and_q4_1_dequantized(tmp_path) -> None:
+    """Q4_0 maps exactly onto compressed-tensors W4A16 (gguf_int4.py), on both engines;
+    Q4_1 and Q4_K keep the float folder (their offsets would be rounded)."""
+    q4_0 = write_gguf(tmp_path / "q4_0.gguf", "Q4_0")
+    assert inspect_gguf(q4_0).architecture == "llama" and inspect_gguf(q4_0).int4_exact
+    for device in ("cpu", "cuda"):
+        plan = weights_plan(q4_0, device)
+        assert (plan.int4, plan.dequantize, plan.on_load) == (True, False, None)
+        assert plan.served == "4-bit (from Q4_0, compressed-tensors W4A16)"
+        assert plan.note == f"{plan.served}: {NO_GGUF_LOADER[device]}"
+    assert weights_plan(q4_0, "cuda", "fp8").dequantize  # fp8 on load: the float folder
+    for tensor_type in ("Q4_1", "Q4_K"):
+        plan = weights_plan(write_gguf(tmp_path / f"{tensor_type}.gguf", tensor_type), "cuda")
+        assert (plan.int4, plan.dequantize) == (False, True)
+
+
+def test_models_list_says_a_4_bit_folder_comes_from_the_gguf(tmp_path) -> None:
+    from inferscale_core.model_inventory import _quantization
+
+    marker = {"source_size": 1, "quantization": "Q4_0", "int4": "compressed-tensors W4A16"}
+    quantization, note = _quantization(tmp_path, marker, "cuda")
+    assert (quantization, note.split(":")[0]) == (
+        "Q4_0",
+        "4-bit (from Q4_0, compressed-tensors W4A16)",
+    )
+    assert _quantization(tmp_path, {"source_size": 1, "quantization": "Q4_1"}, "cpu")[1] == (
+        f"dequantized: {NO_GGUF_LOADER['cpu']}"
+    )
+
+
 def test_as_stored_refuses_a_gguf_and_fp8_needs_a_gpu() -> None:
     with pytest.raises(WeightsError, match="as-stored cannot serve .*Q4_1.*no GGUF loader"):
         weights_plan(smollm2_gguf(), "cpu", "as-stored")
