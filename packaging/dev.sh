@@ -3,7 +3,8 @@
 # then runs the assistant or the test suite inside it.
 #
 #   bash packaging/dev.sh run [ARGS...]   # the chat; with ARGS: inferscale-assistant ARGS
-#   bash packaging/dev.sh test [ARGS...]  # python -m pytest ARGS
+#   bash packaging/dev.sh test [ARGS...]  # python -m pytest ARGS; no ARGS: the whole suite,
+#                                           on 2 workers (pytest -n 2 --dist loadgroup)
 #   bash packaging/dev.sh lint            # ruff check (vLLM stays inside vllm_plugin/ and bench/)
 #   bash packaging/dev.sh setup           # only install
 #   bash packaging/dev.sh extra           # print the engine setup would install (cpu | gpu)
@@ -91,8 +92,15 @@ case "$cmd" in
     setup) setup ;;
     extra) say "$EXTRA: $WHY"; echo "$EXTRA" ;;
     run) setup; exec "$VENV/bin/inferscale-assistant" "$@" ;;
-    test) setup; cd "$ROOT"; exec "$VENV/bin/python" -m pytest "$@" ;;
+    test)
+        setup
+        cd "$ROOT"
+        # The whole suite on two workers: one runs the tests on the session's engine, the
+        # other the rest (tests/conftest.py groups them); ARGS run as given, in one process.
+        [[ $# -eq 0 ]] && set -- -n 2 --dist loadgroup
+        exec "$VENV/bin/python" -m pytest "$@"
+        ;;
     lint) setup; cd "$ROOT"; exec "$VENV/bin/ruff" check . ;;
-    -h|--help|help) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
+    -h|--help|help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
     *) echo "unknown command: $cmd (use run, test, lint, setup or extra)" >&2; exit 2 ;;
 esac

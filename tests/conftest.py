@@ -23,6 +23,43 @@ for _name in (
 ):
     os.environ[_name] = "1"
 
+# Under xdist (``-n N``) each worker's engines keep to cores of their own (worker i: every N-th
+# CPU from the i-th), the ones it starts in other processes too: two engines' OpenMP threads
+# never share a core (where they do, each waits on the other at every barrier). Torch outside
+# the engine (the Hugging Face oracle) keeps to as many threads.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ...
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKER and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+    _cpus = sorted(os.sched_getaffinity(0))
+    if 1 < _WORKERS <= len(_cpus):
+        _share = _cpus[int(_WORKER.removeprefix("gw")) % _WORKERS :: _WORKERS]
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, _share))
+        os.environ.setdefault("OMP_NUM_THREADS", str(len(_share)))
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest makes the tmp_path factory
+def pytest_configure(config: pytest.Config) -> None:
+    """An xdist worker's temporary folders go in ``<basetemp>/gw0``, not xdist's
+    ``<basetemp>/popen-gw0``: the Unix sockets the tests make under their tmp_path (a desk's,
+    in its home's ``run/``) must fit in 107 bytes, as they do without xdist."""
+    given = getattr(config.option, "basetemp", None)
+    if _WORKER and given and Path(given).name == f"popen-{_WORKER}":
+        config.option.basetemp = str(Path(given).with_name(_WORKER))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``-n 2 --dist loadgroup`` (what ``packaging/dev.sh test`` runs), each worker is a
+    session of its own: the tests on the session's engine all go to one worker (one in-process
+    engine, not one a worker), and serve's to one (its package-scoped servers start once). The
+    rest (pure logic, and the checks that start an engine in a process of their own) is spread
+    over both. Without xdist the mark does nothing."""
+    for item in items:
+        if "runtime" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("runtime"))
+        elif item.nodeid.startswith("tests/serve/"):
+            item.add_marker(pytest.mark.xdist_group("serve"))
+
 
 @pytest.fixture(scope="session", autouse=True)
 def inferscale_home(tmp_path_factory: pytest.TempPathFactory) -> Path:

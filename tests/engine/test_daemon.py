@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -89,8 +90,16 @@ def _wait(db: Path, sql: str, done, timeout_s: float, daemon: Daemon) -> int:
     return value
 
 
-def test_the_daemon_imports_encodes_survives_kill9_and_stops_cleanly(smollm2_path, tmp_path):
-    home = tmp_path / "home"
+@pytest.fixture
+def home():
+    """The daemon's home, in a short folder of its own: its socket's path must fit in 107
+    bytes, and a pytest-xdist worker's tmp_path is longer by the worker's folder."""
+    folder = Path(tempfile.mkdtemp(prefix="daemon-"))
+    yield folder / "home"
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_daemon_imports_encodes_survives_kill9_and_stops_cleanly(smollm2_path, home):
     (home / "config").mkdir(parents=True, mode=0o700)
     (home / "config" / "config.toml").write_text('w = 0\nkv_encode_recent_days = "all"\n')
     db = home / "data" / "memory.db"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import random
 import shutil
 import signal
 import socket
@@ -32,7 +33,19 @@ ENGINE_STATS = {"INFERSCALE_VLLM_STATS": "1", "VLLM_LOGGING_LEVEL": "INFO"}
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A loopback port free now, below the ephemeral range (32768 up on Linux): the kernel
+    never hands it to a client's connection before the server binds it, and the pytest-xdist
+    workers draw from ranges of their own."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    low = 20000 + 3000 * (worker % 4)
+    for port in random.sample(range(low, low + 3000), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # all taken: any port the kernel gives
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
@@ -49,7 +62,7 @@ def wait_healthy(proc: subprocess.Popen[bytes], base: str, log: Path) -> None:
                 return
         except httpx.TransportError:
             pass
-        time.sleep(1)
+        time.sleep(0.2)
     pytest.fail(f"the server did not come up in {START_TIMEOUT_S:.0f} s:\n{_tail(log)}")
 
 
