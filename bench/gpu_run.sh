@@ -31,6 +31,9 @@
 # SUITE_PARTS=recompute: TTFT of the tail-recompute hybrid, injection with the last r facts prefilled,
 # r in 0,1,2,4,8 at k in 20,50, beside prompt injection, into gpu_suite.json's "recompute"; not in the
 # default parts, so add it: SUITE_PARTS=ttft,recompute; SUITE_RECOMPUTE_KS, SUITE_RECOMPUTE_RS change the grid);
+# SUITE_WEIGHTS=int4 makes its dummy weights 4-bit (compressed-tensors W4A16 g32, as GGUF folders; Marlin);
+#   the kit leaves compressed-tensors out, so first: pip install --no-deps --target .gpu/pydeps
+#   compressed-tensors==0.17.0 loguru;
 # ENCODE=0 encoding throughput (gpu_encode.py); RETRIEVAL=0 exact vs CAGRA (retrieval.py);
 # LOCOMO=0 LoCoMo answered by SmolLM2 on the GPU (gpu_locomo.py; LOCOMO_ARGS e.g. --sample 1540;
 # the tail-recompute sweep: LOCOMO_ARGS="--sample 200 --batch 100 --w 20a --k 5,20,50 --r 0,1,2,4,8",
