@@ -97,11 +97,6 @@ def test_second_call_reuses_the_cache(smollm2_path: Path, monkeypatch) -> None:
         raise AssertionError("rebuilt a complete cache")
 
     monkeypatch.setattr(model_files, "_build_smollm2", no_build)
-    # The clock times the cache, not the first import of what resolve_model reads the model
-    # with (~5 s cold): whether an earlier test in this process made it depends on the order.
-    import gguf  # noqa: F401
-    import transformers  # noqa: F401
-
     start = time.perf_counter()
     assert smollm2_dir(progress=False) == smollm2_path
     assert resolve_model(None) == smollm2_path
