@@ -34,6 +34,7 @@ from inferscale_core.model_files import (
 )
 from inferscale_core.ollama_store import MODEL_MEDIA_TYPE, find_ollama_model
 from tests.support import REPO
+from tests.support.cli_errors import one_error_line
 from tests.support.gemma_model import gemma3_test_gguf
 
 OLLAMA_NAME = "mysmol:1b"
@@ -96,14 +97,6 @@ def _ollama_store(root: Path, blob_target: Path | None, content: bytes = b"") ->
     else:
         blob.write_bytes(content)
     return root
-
-
-def _one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    return lines[0]
 
 
 # --------------------------------------------------------------------------- a GGUF file
@@ -250,7 +243,7 @@ def test_models_add_from_the_ollama_store_and_list(shared, tmp_path, monkeypatch
     assert cli.main(["models", "add", str(user_model.gguf), "--as", "smol"]) == 0
     capsys.readouterr()
     assert cli.main(["models", "add", str(tmp_path), "--as", "smol"]) == 2
-    assert "already the name" in _one_error_line(capsys)
+    assert "already the name" in one_error_line(capsys)
     # Removing one name keeps the folder the other uses.
     assert cli.main(["models", "remove", "smol"]) == 0
     assert user_model.folder.is_dir()
@@ -274,38 +267,38 @@ def test_models_remove_deletes_its_cache_folder(home, tmp_path, capsys) -> None:
     assert mine.is_dir()  # the user's own folder is never deleted
     capsys.readouterr()
     assert cli.main(["models", "remove", "mine"]) == 2
-    assert "no model is named 'mine'" in _one_error_line(capsys)
+    assert "no model is named 'mine'" in one_error_line(capsys)
 
 
 def test_missing_ollama_store_is_one_line(home, capsys) -> None:
     assert cli.main(["models", "add", "llama3.2:1b"]) == 2
-    line = _one_error_line(capsys)
+    line = one_error_line(capsys)
     assert "no Ollama model store" in line and "OLLAMA_MODELS" in line
 
 
 def test_missing_ollama_model_is_one_line(home, tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("OLLAMA_MODELS", str(_ollama_store(tmp_path / "ollama", None, b"GGUF")))
     assert cli.main(["models", "add", "llama3.2"]) == 2
-    line = _one_error_line(capsys)
+    line = one_error_line(capsys)
     assert "llama3.2:latest is not in the Ollama store" in line
 
 
 def test_ollama_blob_that_is_not_gguf_is_one_line(home, tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("OLLAMA_MODELS", str(_ollama_store(tmp_path / "ollama", None, b"{}")))
     assert cli.main(["models", "add", OLLAMA_NAME]) == 2
-    assert "are not a GGUF file" in _one_error_line(capsys)
+    assert "are not a GGUF file" in one_error_line(capsys)
     assert model_registry.load_registry() == {}
 
 
 def test_unsupported_architecture_is_refused_by_the_commands(home, tmp_path, capsys) -> None:
     folder = _hf_folder(tmp_path / "gpt2", "gpt2")
     assert cli.main(["models", "add", str(folder)]) == 2
-    line = _one_error_line(capsys)
+    line = one_error_line(capsys)
     assert "'gpt2' is not supported" in line and "llama" in line
     assert model_registry.load_registry() == {}
 
     assert cli.main(["ask", "--model", str(folder), "hi"]) == 2  # before any engine starts
-    assert "'gpt2' is not supported" in _one_error_line(capsys)
+    assert "'gpt2' is not supported" in one_error_line(capsys)
 
     from app.commands.doctor import check_model
     from inferscale_core.config import AppConfig

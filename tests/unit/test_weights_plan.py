@@ -20,6 +20,7 @@ from inferscale_core.weights_plan import (
     inspect_gguf,
     weights_plan,
 )
+from tests.support.cli_errors import one_error_line
 from tests.support.tiny_gguf import write_gguf
 
 
@@ -40,14 +41,6 @@ def _folder(path: Path, quant: dict | None = None, dtype: str = "bfloat16") -> P
     (path / "config.json").write_text(json.dumps(config))
     (path / "model.safetensors").write_bytes(b"\0" * 64)
     return path
-
-
-def _one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    return lines[0]
 
 
 def _nothing_registered_or_built(home: Path) -> None:
@@ -184,7 +177,7 @@ def test_models_add_refuses_bad_weights_in_one_line_and_registers_nothing(
     )
     for source, words in cases:
         assert cli.main(["models", "add", str(source)]) == 2
-        assert words in _one_error_line(capsys)
+        assert words in one_error_line(capsys)
         _nothing_registered_or_built(home)
 
 
@@ -197,7 +190,7 @@ def test_models_add_as_stored_refuses_a_gguf_before_dequantizing(home, tmp_path,
     gguf = tmp_path / "mine.gguf"
     shutil.copy2(smollm2_gguf(), gguf)
     assert cli.main(["models", "add", str(gguf)]) == 2
-    assert "as-stored cannot serve mine.gguf (Q4_1)" in _one_error_line(capsys)
+    assert "as-stored cannot serve mine.gguf (Q4_1)" in one_error_line(capsys)
     _nothing_registered_or_built(home)
 
 
