@@ -394,7 +394,10 @@ def check_budget(config: AppConfig, log: FactLog, profile_id: int, fingerprint: 
     detail += f"; entries take {held / 2**20:.1f} MiB"
     if budget:
         detail += f" ({100 * held / budget:.0f}% of it)"
-    detail += f"; {waiting} memories encoded when first retrieved" + (f" ({why})" if why else "")
+    detail += (
+        f"; {waiting} {'memory' if waiting == 1 else 'memories'} encoded when first retrieved"
+        + (f" ({why})" if why else "")
+    )
     if budget is not None and held > budget:
         return Check(
             "KV budget",

@@ -42,6 +42,11 @@ SEARCH_MODES = ("hybrid", "dense", "keyword")  # inferscale_core.retriever.MODES
 FINGERPRINT = re.compile(r"[0-9a-f]{16}")  # inferscale_core.fingerprint.model_fingerprint
 
 
+def _memories(n: int) -> str:
+    """``n`` memories, in words: "1 memory", "3 memories"."""
+    return f"{n} memory" if n == 1 else f"{n} memories"
+
+
 def _profile(args: argparse.Namespace, console: Console) -> str | None:
     if args.profile:
         return args.profile
@@ -71,7 +76,7 @@ def run_list(log: FactLog, pid: int, args: argparse.Namespace, console: Console)
     if args.json:
         print(json.dumps([fact_json(f) for f in facts], indent=2))
         return 0
-    Console().print(facts_table(facts, f"{len(facts)} memories (newest first)"))
+    Console().print(facts_table(facts, f"{_memories(len(facts))} (newest first)"))
     return 0
 
 
@@ -161,7 +166,7 @@ def run_search(log: FactLog, pid: int, args: argparse.Namespace, console: Consol
         return 0
     when = f", as of {args.at.isoformat()}" if args.at else ""
     table = Table(
-        title=f"{len(found)} memories for {escape(repr(args.query))} ({args.mode}, k={k}{when})",
+        title=f"{_memories(len(found))} for {escape(repr(args.query))} ({args.mode}, k={k}{when})",
         title_justify="left",
     )
     for name in ("rank", "score", "#", "about", "validity", "memory", "from"):
@@ -234,7 +239,7 @@ def run_export(log: FactLog, pid: int, args: argparse.Namespace, console: Consol
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # memories are private
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
-    console.print(f"wrote {len(data['facts'])} memories to {out}")
+    console.print(f"wrote {_memories(len(data['facts']))} to {out}")
     return 0
 
 
@@ -257,7 +262,7 @@ def run_stats(log: FactLog, pid: int, args: argparse.Namespace, console: Console
         return 0
     out = Console()
     out.print(
-        f"{report['facts']} memories in profile {escape(report['profile'])};"
+        f"{_memories(report['facts'])} in profile {escape(report['profile'])};"
         f" KV entries kept as {config.store_dtype} (kv_store_dtype = {config.kv_store_dtype})"
         + ("; the engine's KV cache is fp8" if config.kv_cache_dtype == "fp8" else "")
     )
@@ -295,7 +300,7 @@ def run_stats(log: FactLog, pid: int, args: argparse.Namespace, console: Console
     deferred = report["deferred_by_reason"]
     why = ", ".join(f"{n} {reason}" for reason, n in sorted(deferred.items()))
     out.print(
-        f"kv_disk_budget = {config.kv_disk_budget}; {report['deferred_facts']} memories encoded"
+        f"kv_disk_budget = {config.kv_disk_budget}; {_memories(report['deferred_facts'])} encoded"
         f" when first retrieved" + (f" ({why})" if why else "")
     )
     return 0

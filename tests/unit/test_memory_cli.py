@@ -183,11 +183,11 @@ def test_memory_stats_and_doctor_show_the_budget_and_what_waits(home, capsys):
     (fp0,) = report["models"]
     assert (fp0["recorded_bytes"], fp0["budget_bytes"]) == (96, 1000)
     code, out = _run(capsys, "memory", "stats")
-    assert code == 0 and "kv_disk_budget = 1 kB; 1 memories encoded when first" in out
+    assert code == 0 and "kv_disk_budget = 1 kB; 1 memory encoded when first" in out
     assert "1000 B" in out  # the budget column
     code, out = _run(capsys, "doctor", "--skip-engine")
     assert "KV budget" in out and "kv_disk_budget = 1 kB (0.00 GiB)" in out
-    assert "1 memories encoded when first retrieved (1 import)" in out
+    assert "1 memory encoded when first retrieved (1 import)" in out
     paths.config_file().write_text('kv_disk_budget = "lots"\n')
     code, out = _run(capsys, "memory", "stats")
     assert code == 2 and "kv_disk_budget must be auto, off or a size" in out

@@ -49,7 +49,8 @@ def conversation_title(text: str, limit: int = 40) -> str:
 def reply_note(reply: Reply) -> str:
     result = reply.result
     ttft = f" · TTFT {result.ttft_s * 1e3:,.0f} ms" if result and result.ttft_s else ""
-    used = f"{len(reply.facts)} memories" if reply.facts else "no memory"
+    n = len(reply.facts)
+    used = f"{n} {'memory' if n == 1 else 'memories'}" if n else "no memory"
     return " · ".join([f"{reply.mode} · {used}{ttft}", *reply.notes])
 
 
