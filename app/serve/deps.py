@@ -43,9 +43,17 @@ UserDep = Annotated[User, Depends(current_user)]
 
 
 async def desk_of(request: Request, user: UserDep) -> Desk:
-    """The caller's desk (opened on first use, off the event loop: it loads their index)."""
+    """The caller's desk (opened on first use, off the event loop: it loads their index).
+    Under ``serve --ray``, a 503 while another replica holds the user's lease."""
+    from app.serve.lease import LeaseBusy
+
     state = request.app.state
-    return await asyncio.get_running_loop().run_in_executor(state.pool, state.hub.desk, user)
+    try:
+        return await asyncio.get_running_loop().run_in_executor(state.pool, state.hub.desk, user)
+    except LeaseBusy:
+        raise ApiError(
+            503, "your memory is busy on another replica of this server; retry", "server_error"
+        ) from None
 
 
 DeskDep = Annotated[Desk, Depends(desk_of)]

@@ -6,6 +6,10 @@ reads or writes the user's memory runs there, one call at a time (SQLite connect
 retriever's index belong to one thread). Generation does not: the reply streams on any thread,
 so a user's requests run concurrently in the engine, like every other user's.
 
+With leases (``lease.py``; ``serve --ray``, whose replicas share one data folder) a desk is
+opened only under its user's lease, so one process at a time writes a user's memory;
+:meth:`Hub.release` closes the desk and gives the lease up.
+
 The session's prompt builder is scoped by the user's secret (``PromptBuilder.scoped``): every
 cache salt of the user's requests and encodings carries it, so vLLM never serves one user's
 prefix-cache blocks to another. The entries a request injects come from the user's own
@@ -26,12 +30,14 @@ from app.serve.users import User
 from inferscale_core import desk as core
 
 if TYPE_CHECKING:
+    from app.serve.lease import Leases
     from inferscale_core import wiring
     from inferscale_core.config import AppConfig
     from inferscale_core.embedder import Embedder
     from inferscale_core.session import PreparedTurn, Reply, Session
 
 T = TypeVar("T")
+LEASE_WAIT_S = 10.0  # for a user's lease held by another replica, before a 503
 API = "api"  # title, source and source id of the conversation a user's requests are logged in
 
 
@@ -76,7 +82,10 @@ class Desk(core.Desk):
 
 
 class Hub:
-    """The desks of a server's users, opened on first use; one engine for all."""
+    """The desks of a server's users, opened on first use; one engine for all.
+
+    ``leases``: take a user's lease before opening their desk (waiting up to ``lease_wait_s``
+    for another replica to give it up, else :class:`~app.serve.lease.LeaseBusy`)."""
 
     def __init__(
         self,
@@ -84,6 +93,9 @@ class Hub:
         config: AppConfig,
         db_path: Path,
         embedder: Embedder | None = None,
+        *,
+        leases: Leases | None = None,
+        lease_wait_s: float = LEASE_WAIT_S,
     ) -> None:
         from inferscale_core.embedder import SentenceTransformerEmbedder
         from inferscale_core.factlog import FactLog
@@ -95,16 +107,54 @@ class Hub:
         # here, not at a user's first request.
         FactLog.open(self.db_path).close()
         self.embedder = embedder or SentenceTransformerEmbedder()
+        self.leases = leases
+        self.lease_wait_s = lease_wait_s
         self._desks: dict[str, Desk] = {}  # user id -> desk
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the dicts
+        self._opening = threading.Lock()  # one desk opened at a time (each loads its index)
+        self._users: dict[str, threading.Lock] = {}  # user id -> held while opening/closing
 
     def desk(self, user: User) -> Desk:
         """``user``'s desk (opened, with its memory worker started, on first use)."""
         with self._lock:
             desk = self._desks.get(user.id)  # by id: a new user of a removed one's name
-            if desk is None:  # gets a desk (and memory) of their own
-                desk = self._desks[user.id] = self._open(user)
+            if desk is not None:  # gets a desk (and memory) of their own
+                return desk
+            own = self._users.setdefault(user.id, threading.Lock())
+        with own:  # not the hub's lock: waiting for one user's lease holds up no other user
+            with self._lock:
+                desk = self._desks.get(user.id)
+            if desk is not None:  # opened while this thread waited
+                return desk
+            if self.leases is not None:
+                self.leases.acquire(user.id, self.lease_wait_s)
+            try:
+                with self._opening:
+                    desk = self._open(user)
+            except BaseException:
+                if self.leases is not None:
+                    self.leases.release(user.id)
+                raise
+            with self._lock:
+                self._desks[user.id] = desk
             return desk
+
+    def release(self, user_id: str) -> bool:
+        """Close ``user_id``'s desk (what its thread was given runs first) and give up their
+        lease. False if the desk did not close in time: then the lease is kept, so no other
+        replica writes their memory while this one might."""
+        with self._lock:
+            own = self._users.setdefault(user_id, threading.Lock())
+        with own:
+            with self._lock:
+                desk = self._desks.pop(user_id, None)
+            if desk is not None:
+                desk.close()
+                if desk.session is not None:
+                    return False
+            if self.leases is not None:
+                self.leases.release(user_id)
+            return True
 
     def _open(self, user: User) -> Desk:
         from dataclasses import replace
@@ -124,3 +174,5 @@ class Hub:
             desks, self._desks = list(self._desks.values()), {}
         for desk in desks:
             desk.close()
+        if self.leases is not None:
+            self.leases.close()

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from app.serve.hub import Hub
+    from app.serve.lease import Leases
     from app.serve.users import Users
     from inferscale_core import wiring
     from inferscale_core.config import AppConfig
@@ -79,8 +80,15 @@ def served_name(model_dir: Path) -> str:
     return re.sub(r"-[0-9a-f]{12}$", "", model_dir.name)
 
 
-def build(recipe: ServeRecipe, client: EngineClient | None = None) -> Built:
-    """The app over the serving engine (attached to ``client``'s engine core when given)."""
+def build(
+    recipe: ServeRecipe,
+    client: EngineClient | None = None,
+    *,
+    leases: Leases | None = None,
+    lease_wait_s: float | None = None,
+) -> Built:
+    """The app over the serving engine (attached to ``client``'s engine core when given);
+    with ``leases``, each user's desk opened under their lease (``hub.py``)."""
     from app.serve.hub import Hub
     from app.serve.server import create_app
     from app.serve.users import Users
@@ -93,7 +101,10 @@ def build(recipe: ServeRecipe, client: EngineClient | None = None) -> Built:
         recipe.config, store_root=recipe.folder / "kv", serving=True, **options
     )
     embedder = recipe.embedder() if recipe.embedder is not None else None
-    hub = Hub(assistant, recipe.config, recipe.folder / "memory.db", embedder=embedder)
+    waits = {} if lease_wait_s is None else {"lease_wait_s": lease_wait_s}
+    hub = Hub(
+        assistant, recipe.config, recipe.folder / "memory.db", embedder, leases=leases, **waits
+    )
     name = recipe.model_name or served_name(assistant.model_dir)
     index = client.index if client is not None else 0
     users = Users(recipe.users_db)

@@ -99,6 +99,8 @@ def create_app(
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        if exc.status == 503:
+            headers = {"Retry-After": "1"}
         return JSONResponse(error(exc.message, exc.kind), exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)

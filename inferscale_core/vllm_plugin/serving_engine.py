@@ -204,6 +204,12 @@ class ServingEngine(QueuedRequests):
             if not finished:  # vLLM aborts it as its generator closes; counted here
                 self.aborted += 1
 
+    def schedule(self, coroutine: Any) -> Future[Any]:
+        """Start ``coroutine`` on this engine's event loop and return at once: its future
+        (``cancel()`` cancels it there). For a host that has an event loop of its own (a Ray
+        Serve replica, ``app/serve/ray_app.py``)."""
+        return self._call(coroutine)
+
     def run(self, coroutine: Any) -> Any:
         """Run ``coroutine`` on this engine's event loop (e.g. the HTTP server, whose
         handlers then call :meth:`astream`) and wait for it. Ctrl+C cancels it."""
