@@ -78,7 +78,19 @@ def serve(args: argparse.Namespace) -> None:
     else:
         options.update(max_model_len=4096)
     recipe = ServeRecipe(config, data, options, model_name="bench", embedder=embedder)
-    run(recipe, "127.0.0.1", args.port, args.api_processes)
+    if not args.ray:
+        run(recipe, "127.0.0.1", args.port, args.api_processes)
+        return
+    from app.serve.ray_app import RaySettings, serve_ray
+
+    # N replicas on one host: each its share of the GPU, of vLLM's memory and of the pool.
+    share = 1.0 / args.ray
+    if "gpu_memory_utilization" in options:
+        options["gpu_memory_utilization"] *= share
+        options["connector_extra"]["gpu_bytes"] = int(gpu_bytes * share)
+    on_gpu = args.dummy_config is not None
+    settings = RaySettings(replicas=args.ray, gpus_per_replica=share if on_gpu else 0.0)
+    serve_ray(recipe, "127.0.0.1", args.port, settings)
 
 
 class ThreadCpu:
@@ -387,7 +399,7 @@ def running_server(args: argparse.Namespace, out: Path, names: Sequence[str]) ->
     command = [sys.executable, "-m", "bench.serve_http", "_serve", "--data-dir", str(data)]
     command += ["--port", str(port), "--k", str(args.k), "--step-tokens", str(args.step_tokens)]
     command += ["--gpu-pool-gib", str(args.gpu_pool_gib)]
-    command += ["--api-processes", str(args.api_processes)]
+    command += ["--api-processes", str(args.api_processes), "--ray", str(args.ray)]
     if args.dummy_config:
         command += ["--dummy-config", args.dummy_config, "--tokenizer", str(args.tokenizer)]
     with (out / "serve_http_server.log").open("wb") as log:
@@ -439,6 +451,8 @@ def run(args: argparse.Namespace) -> int:
         "users": args.users,
         "facts_per_user": args.facts,
         "gpu_pool_gib": args.gpu_pool_gib,
+        "api_processes": args.api_processes,
+        "ray_replicas": args.ray,
         "wall_s": time.perf_counter() - t0,
         **result,
     }
@@ -525,6 +539,13 @@ def server_arguments(parser: argparse.ArgumentParser, users: int, facts: int, k:
         default=1,
         help="the server's API processes over its one engine (serve --api-processes; 1)",
     )
+    parser.add_argument(
+        "--ray",
+        type=int,
+        default=0,
+        metavar="N",
+        help="serve --ray N instead: N replicas on Ray Serve, each its share of the GPU (0: no)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -539,6 +560,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.add_argument("--tokenizer")
         parser.add_argument("--gpu-pool-gib", type=float, default=4.0)
         parser.add_argument("--api-processes", type=int, default=1)
+        parser.add_argument("--ray", type=int, default=0)
         serve(parser.parse_args(argv[1:]))
         return 0
     server_arguments(parser, users=100, facts=60, k=50)

