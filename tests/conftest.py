@@ -51,12 +51,15 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under ``-n 2 --dist loadgroup`` (what ``packaging/dev.sh test`` runs), each worker is a
     session of its own: the tests on the session's engine all go to one worker (one in-process
-    engine, not one a worker), and serve's to one (its package-scoped servers start once). The
-    rest (pure logic, and the checks that start an engine in a process of their own) is spread
-    over both. Without xdist the mark does nothing."""
+    engine, not one a worker), and serve's to one (its package-scoped servers start once; the
+    Ray deployment's module, with a server of its own, is a group apart). The rest (pure
+    logic, and the checks that start an engine in a process of their own) is spread over
+    both. Without xdist the mark does nothing."""
     for item in items:
         if "runtime" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("runtime"))
+        elif item.nodeid.startswith("tests/serve/test_serve_ray.py"):
+            item.add_marker(pytest.mark.xdist_group("ray"))  # its own server: either worker
         elif item.nodeid.startswith("tests/serve/"):
             item.add_marker(pytest.mark.xdist_group("serve"))
 

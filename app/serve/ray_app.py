@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -278,7 +279,7 @@ class _Relay(Response):
                 await relay
 
     async def _relay(self, send: Any) -> None:
-        started = False
+        started, events = False, False
         try:
             async for item in self.replies:
                 if isinstance(item, tuple):
@@ -288,6 +289,10 @@ class _Relay(Response):
                         {"type": "http.response.start", "status": status, "headers": headers}
                     )
                     started = True
+                    events = any(
+                        k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                        for k, v in headers
+                    )
                 else:
                     await send({"type": "http.response.body", "body": item, "more_body": True})
         except asyncio.CancelledError:
@@ -298,6 +303,10 @@ class _Relay(Response):
                 refusal = JSONResponse(error(BUSY, "server_error"), 503, {"Retry-After": "1"})
                 await refusal({"type": "http"}, _no_receive, send)
                 return
+            if events:  # a stream cut off: said as the server says an engine's failure
+                cut = error("the replica serving this reply stopped", "server_error")
+                piece = f"data: {json.dumps(cut)}\n\n".encode()
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

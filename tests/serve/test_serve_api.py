@@ -56,6 +56,7 @@ def hang_up_on_a_whole_reply(server, user: str, content: str, within_s: float) -
         "model": model_name(server),
         "messages": [{"role": "user", "content": content}],
         "max_tokens": 1500,
+        "min_tokens": 1500,  # still running after 3 s, whatever the model says
         "temperature": 0,
         "store": False,
     }
@@ -287,6 +288,7 @@ def test_a_client_that_goes_away_aborts_its_request(server, memories):
         "model": model_name(server),
         "messages": [{"role": "user", "content": "Count from 1 to 1000, one number a line."}],
         "max_tokens": 1500,
+        "min_tokens": 1500,  # a reply still streaming when the client leaves, whatever it says
         "temperature": 0,
         "stream": True,
         "store": False,
@@ -299,9 +301,12 @@ def test_a_client_that_goes_away_aborts_its_request(server, memories):
         headers=auth(server.tokens["cy"]),
         timeout=60,
     ) as r:
-        lines = r.iter_lines()
-        got = [next(lines) for _ in range(8)]  # a few pieces of a long reply, then hang up
-    assert any('"content"' in line for line in got)
+        got = []  # a few pieces of a long reply, then hang up
+        for line in r.iter_lines():
+            got.append(line)
+            if len(got) == 8:
+                break
+    assert len(got) == 8 and any('"content"' in line for line in got), got
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         now = status(server, "cy")
