@@ -107,7 +107,7 @@ def test_every_import_of_the_product_is_declared():
     declared = {
         _normal(req.split(";")[0].split("<")[0].split(">")[0].split("=")[0].split("[")[0])
         for req in project["dependencies"]
-        + [r for extra in ("cpu", "gpu", "cuvs") for r in extras[extra]]
+        + [r for extra in ("cpu", "gpu", "cuvs", "ray") for r in extras[extra]]
     }
     # What the declared distributions bring along and the product imports by name.
     provided = {"triton"}  # optional: ships with CUDA builds of torch (fused_inject)
