@@ -419,7 +419,12 @@ class DeviceTier:
                 if self.device.index is None:
                     self.device = torch.device("cuda", torch.cuda.current_device())
                 self._stream = torch.cuda.Stream(device=self.device)
-            self._pool = torch.empty(self.budget, dtype=torch.uint8, device=self.device)
+            # A normal tensor even when the first entry comes from inside vLLM's inference
+            # mode (the worker's load): an inference tensor refuses the in-place copies of a
+            # prefetch from the session's thread (seen on the H200: "Inplace update to
+            # inference tensor outside InferenceMode").
+            with torch.inference_mode(False):
+                self._pool = torch.empty(self.budget, dtype=torch.uint8, device=self.device)
         return self._pool
 
 
