@@ -110,18 +110,18 @@ if [ "${RETRIEVAL:-0}" = 1 ]; then
         "$OUT" --vectors "$KIT/retrieval/vectors.npz" > "$OUT/retrieval.log" 2>&1
     echo "retrieval rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/retrieval.log" | tail -12
 fi
-GGUF=/tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+GGUF_FILE=/tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf  # not GGUF: that is the step's switch
 assemble_gguf() {  # SmolLM2's GGUF from the chunks in /tmp/payload-gguf, checked (LOCOMO, KVQUANT, GGUF)
-    if [ ! -e "$GGUF" ]; then
-        mkdir -p /tmp/smollm2 && cat /tmp/payload-gguf/g?? > "$GGUF.part" \
-            && echo "$(cat "$KIT/data/smollm2-gguf.sha256")  $GGUF.part" | sha256sum -c --quiet \
-            && mv "$GGUF.part" "$GGUF" || echo "the GGUF chunks in /tmp/payload-gguf are missing or corrupt"
+    if [ ! -e "$GGUF_FILE" ]; then
+        mkdir -p /tmp/smollm2 && cat /tmp/payload-gguf/g?? > "$GGUF_FILE.part" \
+            && echo "$(cat "$KIT/data/smollm2-gguf.sha256")  $GGUF_FILE.part" | sha256sum -c --quiet \
+            && mv "$GGUF_FILE.part" "$GGUF_FILE" || echo "the GGUF chunks in /tmp/payload-gguf are missing or corrupt"
     fi
 }
 if [ "${LOCOMO:-0}" = 1 ]; then
     assemble_gguf
     PYTHONPATH="$PYTHONPATH:$(pwd)/$KIT/pydeps" timeout "${LOCOMO_TIMEOUT:-420}" \
-        python3 -m bench.gpu_locomo "$OUT" --gguf "$GGUF" \
+        python3 -m bench.gpu_locomo "$OUT" --gguf "$GGUF_FILE" \
         --retrieval "${LOCOMO_RETRIEVAL:-$KIT/data/locomo-retrieval-all.json}" --data "$KIT/data/locomo10.json" \
         ${LOCOMO_ARGS:-} > "$OUT/locomo.log" 2>&1
     echo "locomo rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/locomo.log" | tail -8
@@ -130,7 +130,7 @@ fi
 if [ "${KVQUANT:-0}" = 1 ]; then  # compressed KV entries (fp8, int4) against the model's own
     assemble_gguf
     PYTHONPATH="$PYTHONPATH:$(pwd)/$KIT/pydeps" timeout "${KVQUANT_TIMEOUT:-420}" \
-        python3 -m bench.gpu_kvquant "$OUT" --gguf "$GGUF" \
+        python3 -m bench.gpu_kvquant "$OUT" --gguf "$GGUF_FILE" \
         --retrieval "${KVQUANT_RETRIEVAL:-$KIT/data/locomo-retrieval-all.json}" --data "$KIT/data/locomo10.json" \
         ${KVQUANT_ARGS:-} > "$OUT/kvquant.log" 2>&1
     echo "kvquant rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/kvquant.log" | tail -14
@@ -138,7 +138,7 @@ fi
 if [ "${GGUF:-0}" = 1 ]; then  # SmolLM2's Q4_1 GGUF through the wiring, per weights setting
     assemble_gguf
     PYTHONPATH="$PYTHONPATH:$(pwd)/$KIT/pydeps" timeout "${GGUF_TIMEOUT:-540}" \
-        python3 -m bench.gpu_gguf "$OUT" --gguf "$GGUF" --modes "${GGUF_MODES:-as-stored,auto,fp8}" \
+        python3 -m bench.gpu_gguf "$OUT" --gguf "$GGUF_FILE" --modes "${GGUF_MODES:-as-stored,auto,fp8}" \
         --timeout "${GGUF_MODE_TIMEOUT:-250}" > "$OUT/gguf.log" 2>&1
     echo "gguf rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/gguf.log" | tail -8
 fi
