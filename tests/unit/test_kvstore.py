@@ -553,3 +553,17 @@ def test_prefetch_reads_cold_files_together_and_reports_the_bad_ones(tmp_path):
     for i in (0, 1, 3, 5):
         assert store.where(f"k{i}") == ["host", "disk"]
         assert _same(store.get(f"k{i}"), _entry(f"k{i}", n=4 + i))
+
+
+def test_a_pool_first_filled_inside_inference_mode_takes_copies_outside_it(tmp_path):
+    """The worker's first load runs inside vLLM's inference mode and makes the pool; the
+    session's prefetch then copies in from a plain thread (an inference tensor refuses that:
+    seen on the H200)."""
+    store = _tiered(tmp_path, host_entries=4, device_entries=3)
+    for key in ("in-worker", "prefetched"):
+        store.put(_entry(key))
+    with torch.inference_mode():
+        store.prefetch(["in-worker"])
+    store.prefetch(["prefetched"])  # from the host tier: one region, one copy into the pool
+    assert _same(store.get("prefetched"), _entry("prefetched"))
+    assert store.device_spans(["in-worker", "prefetched"]) is not None
