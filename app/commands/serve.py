@@ -217,7 +217,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--ray-address",
         metavar="ADDR",
-        help="with --ray: join this Ray cluster (e.g. 'auto' or 'ray://head:10001') instead"
+        help="with --ray: join this Ray cluster (e.g. 'auto', or '<head>:6379') instead"
         " of starting one on this host",
     )
     serve.add_argument(
