@@ -47,6 +47,11 @@ def _memories(n: int) -> str:
     return f"{n} memory" if n == 1 else f"{n} memories"
 
 
+def _entries(n: int) -> str:
+    """``n`` KV entries, in words: "1 KV entry", "0 KV entries"."""
+    return f"{n} KV entry" if n == 1 else f"{n} KV entries"
+
+
 def _profile(args: argparse.Namespace, console: Console) -> str | None:
     if args.profile:
         return args.profile
@@ -219,7 +224,7 @@ def run_forget(log: FactLog, pid: int, args: argparse.Namespace, console: Consol
                 stores[fingerprint] = KVStore(paths.kv_dir() / fingerprint)
             stores[fingerprint].delete(location)
         through = " through the running assistant" if resident is not None else ""
-        console.print(f"forgot #{fact.id}{through} ({len(entries)} KV entries deleted)")
+        console.print(f"forgot #{fact.id}{through} ({_entries(len(entries))} deleted)")
     if resident is not None:
         resident.close()
     return 0
@@ -417,7 +422,7 @@ def run_prune(log: FactLog, pid: int, args: argparse.Namespace, console: Console
             with contextlib.suppress(OSError):  # left if something else is in it
                 folder.rmdir()
         console.print(
-            f"pruned {fingerprint}: {files} KV entries deleted, {size_text(freed)} freed"
+            f"pruned {fingerprint}: {_entries(files)} deleted, {size_text(freed)} freed"
             f" ({rows} recorded keys dropped)"
         )
     return 0

@@ -56,7 +56,7 @@ def test_memory_forget_removes_text_and_kv(home, capsys):
     code, out = _run(capsys, "memory", "forget", "1")  # not a terminal, no --yes: refuses
     assert code == 2 and "--yes" in out
     code, out = _run(capsys, "memory", "forget", "1", "--yes")
-    assert code == 0 and "forgot #1 (1 KV entries deleted)" in out
+    assert code == 0 and "forgot #1 (1 KV entry deleted)" in out
     assert not store.has("cat-key")
     with FactLog.open(paths.memory_db()) as log:
         fact = log.get_fact(1)
