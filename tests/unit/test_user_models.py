@@ -65,15 +65,6 @@ def user_model(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch) -> Path:
-    """A home and a model cache of the test's own (its registry), no Ollama store."""
-    monkeypatch.setenv("INFERSCALE_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("INFERSCALE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "no-ollama"))
-    return tmp_path / "home"
-
-
-@pytest.fixture
 def shared(user_model, home: Path, monkeypatch):
     """:func:`home`, with the module's model cache (where the user's GGUF is built)."""
     monkeypatch.setenv("INFERSCALE_CACHE", str(user_model.cache))

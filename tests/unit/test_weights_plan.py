@@ -24,15 +24,6 @@ from tests.support.cli_errors import one_error_line
 from tests.support.tiny_gguf import write_gguf
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch) -> Path:
-    """A home and a model cache of the test's own (its registry), no Ollama store."""
-    monkeypatch.setenv("INFERSCALE_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("INFERSCALE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "no-ollama"))
-    return tmp_path / "home"
-
-
 def _folder(path: Path, quant: dict | None = None, dtype: str = "bfloat16") -> Path:
     path.mkdir(parents=True)
     config = {"model_type": "llama", "torch_dtype": dtype}
