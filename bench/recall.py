@@ -126,7 +126,7 @@ def run_recall(
 
 def settings() -> dict[str, Any]:
     """The retriever's and the keyword index's tunables this run measured."""
-    names = ("RRF_K", "KEYWORD_WEIGHT", "PEOPLE_WEIGHT", "CANDIDATES")
+    names = ("RRF_K", "KEYWORD_WEIGHT", "PEOPLE_WEIGHT", "CANDIDATES", "RECENCY_WEIGHT", "FACETED")
     found = {name: getattr(retriever_module, name) for name in names}
     found.update(CONTEXT_TURNS=fulltext.CONTEXT_TURNS, CONTEXT_WEIGHT=fulltext.CONTEXT_WEIGHT)
     return found

@@ -36,12 +36,17 @@ held then first: those among the fused hits in their order, then the others of t
 cosine. A hybrid search for a question about the present also favours what was said later
 (``RECENCY_WEIGHT``): most changes are never said as plainly as a pattern needs ("First week at
 Zalando done"), so the log cannot close the old fact; the later of two good answers is the
-likelier true one. And each of its first hits gets just above it the newest fact said after
-it that restates it (:mod:`inferscale_core.retriever_newer`: near the hit in the index, as
-relevant to the question), or, when that later fact ends it ("I quit the Thursday
-football"), the hit goes after the others. The time steps reorder the hits the ranking gives
-(``INTERVAL_READ * k`` of them for a question naming days; successors and the interval's facts
-read from the log), so a question without a time word or a closed fact costs nothing more.
+likelier true one. When the question asks about a part of one's life (a *facet*: home, work,
+car, diet, ...; :mod:`inferscale_core.facets`), the dense search also runs with the question's
+vector moved toward that facet's prototype, a fourth list in the fusion, and the newest of its
+statements of that facet goes first: "Traded the Fiat in for a Skoda" answers "What do I drive
+these days?" though it shares no word with it. And each of its first hits gets just above it
+the newest fact said after it that restates it (:mod:`inferscale_core.retriever_newer`: near
+the hit in the index, as relevant to the question), or, when that later fact ends it ("I quit
+the Thursday football"), the hit goes after the others. The time steps reorder the hits the
+ranking gives (``INTERVAL_READ * k`` of them for a question naming days; successors and the
+interval's facts read from the log), so a question without a time word or a closed fact costs
+nothing more.
 
 Each profile has its own vector index, so a search can only ever see that profile's facts. An
 index is built on the profile's first use from the embeddings stored in the fact log
@@ -73,6 +78,7 @@ import numpy as np
 import torch
 
 from inferscale_core.embedder import Embedder
+from inferscale_core.facets import FACET_FLOOR, FACET_READ, Facets
 from inferscale_core.factlog import FactLog, InactiveFactError
 from inferscale_core.retrieval_thread import RetrievalThread
 from inferscale_core.retriever_newer import (
@@ -145,10 +151,18 @@ one's are weighed by their day: recency orders the good answers; a fact that ans
 is not lifted (fused RRF scores are too flat to tell: rank 5 in both lists is 0.6 of rank 1)."""
 RECENCY_WEIGHT = 2.0
 """For a question about the present (:func:`~inferscale_core.time_query.asks_about_present`),
-each fused candidate's score is multiplied by ``1 + RECENCY_WEIGHT * d``, ``d`` the place of
-the day it was said among the candidates' days (the newest 1.0, the oldest 0.0): of two facts
+each fused candidate's score is multiplied by ``1 + RECENCY_WEIGHT * d``, ``d`` the place in
+time of the day it was said between the candidates' oldest (0.0) and newest (1.0) days (by
+time, not by rank among the days: a fact a year older than the newest is not lifted just
+because an older one is also a candidate): of two facts
 that both answer "What's my job?", the later one is likelier still true, whether or not the
 fact log knew to close the older; a new fact that answers nothing stays low."""
+FACETED = True
+"""A hybrid search for a question about the present that asks about a facet of one's life
+(:mod:`inferscale_core.facets`) also searches with the question's vector moved toward the
+facet's prototype: a fourth list in the fusion, and the newest of its statements goes first."""
+FACET_WEIGHT = 1.0
+"""The steered dense list's weight in the fusion (the plain dense list's is 1)."""
 NOT_PEOPLE = frozenset({"user", "assistant", "system", "tool", "me", "you"})
 """Speakers that are roles, not people a question names (compared case-folded)."""
 
@@ -192,6 +206,9 @@ class Retriever:
         self._people: dict[int, tuple[int, dict[str, str]]] = {}
         # the last question embedded and its vector [1, dim]: an interval's fill reuses it
         self._last_query: tuple[str, torch.Tensor | None] = ("", None)
+        self.facets = Facets(embedder)  # a present question's facet widens its dense search
+        # the facet the last faceted question asked about and the steered query's nearest
+        self._last_facet: tuple[str, list[tuple[int, float]]] | None = None
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -344,7 +361,9 @@ class Retriever:
         # The question's embedding and the vector search run on the retrieval thread while
         # SQLite searches here: both let go of the GIL, so on two cores the search takes about
         # the longer of the two (docs/BENCHMARKS.md, "Retrieval latency").
-        dense_side = self.thread.submit(self._embed_and_search, index, question, n + len(skip))
+        dense_side = self.thread.submit(
+            self._embed_and_search, index, question, n + len(skip), present and FACETED
+        )
         keyword = self.log.keyword_search(profile_id, question, n + len(skip))  # [(id, bm25)]
         keyword = _without(keyword, skip, n)
         person = self._named_person(profile_id, question)
@@ -352,7 +371,9 @@ class Retriever:
         if person is not None:  # the keyword candidates' speakers, while the thread works
             self._read_speakers(said, [fid for fid, _ in keyword])
         query, dense = dense_side.result()  # [1, dim], [(fact id, cosine)] best first
+        facet, steered = self._last_facet or (None, [])  # steered: [(fact id, cosine)]
         dense = _without(dense, skip, n)
+        steered = _without(steered, skip, n)
         # BM25 finds the names and numbers a question says; without any, its words are
         # paraphrase-prone ("How much do I earn?" vs "My new salary is 4,100")
         weight = KEYWORD_WEIGHT if particulars(question) else KEYWORD_WEIGHT_PLAIN
@@ -362,6 +383,8 @@ class Retriever:
         asked = asked_about(question)  # "my cousin Alex", "Alex from work", "my sister"
         if asked:
             top += PEOPLE_WEIGHT / (RRF_K + 1)
+        if facet is not None:
+            top += FACET_WEIGHT / (RRF_K + 1)
         if present:
             top *= 1 + RECENCY_WEIGHT
         while True:
@@ -370,6 +393,8 @@ class Retriever:
                 fused[fid] = 1 / (RRF_K + rank)
             for rank, (fid, _) in enumerate(keyword, start=1):
                 fused[fid] = fused.get(fid, 0.0) + weight / (RRF_K + rank)
+            for rank, (fid, _) in enumerate(steered, start=1):  # the facet's statements
+                fused[fid] = fused.get(fid, 0.0) + FACET_WEIGHT / (RRF_K + rank)
             dense_rank = {fid: rank for rank, (fid, _) in enumerate(dense, start=1)}
 
             def order(fid: int) -> tuple[float, int, int]:
@@ -397,18 +422,47 @@ class Retriever:
                 best = max(cosine.values(), default=0.0)
                 good = [fid for fid in ranked if cosine.get(fid, -1.0) >= RECENCY_FLOOR * best]
                 said = self.log.fact_said_days(good)
-                days = sorted(set(said.values()))  # oldest first; one day, one step
-                steps = max(1, len(days) - 1)
-                step = {d: i / steps for i, d in enumerate(days)}  # the newest day: 1.0
+                step = _recency(set(said.values()))  # the newest day 1.0, the oldest 0.0
                 for fid in good:
                     fused[fid] *= 1 + RECENCY_WEIGHT * step.get(said.get(fid, ""), 0.0)
                 ranked.sort(key=order)
+                if facet is not None:  # the newest statement of the question's facet first
+                    self._newest_of_facet_first(profile_id, facet, ranked, fused, steered)
             facts, gone = self._first_active(profile_id, ranked, k)
             if not self._dropped(index, profile_id, [fid for fid in gone if fid in dense_rank]):
                 break
             found = self.thread.submit(index.search, query, n + len(skip)).result()[0]
             dense = _without(found, skip, n)
         return [Hit(fact, fused[fact.id] / top, rank) for rank, fact in enumerate(facts, start=1)]
+
+    def _newest_of_facet_first(
+        self,
+        profile_id: int,
+        facet: str,
+        ranked: list[int],
+        fused: dict[int, float],
+        steered: list[tuple[int, float]],
+    ) -> None:
+        """Move to the front of ``ranked`` (with the first's fused score) the newest of the
+        first ``FACET_READ`` ``steered`` candidates (``[(fact id, cosine)]`` best first) at
+        least ``FACET_FLOOR`` times the best cosine near the steered query whose own nearest
+        facet is ``facet`` (their stored vectors read from the log)."""
+        best = steered[0][1] if steered else 0.0
+        near = [fid for fid, c in steered[:FACET_READ] if c >= FACET_FLOOR * best]
+        stored = self.log.embeddings_of(profile_id, self.embedder.name, near)
+        dim = self.embedder.dim
+        stored = [(fid, blob) for fid, blob in stored if len(blob) == 4 * dim]
+        if not stored:
+            return
+        vectors = _decode([blob for _, blob in stored], dim)  # [n, dim]
+        names = self.facets.nearest(vectors)
+        ofs = [fid for (fid, _), name in zip(stored, names, strict=True) if name == facet]
+        said = self.log.fact_said_days(ofs)
+        newest = max(((day, fid) for fid, day in said.items()), default=None)
+        if newest is not None and ranked[0] != newest[1]:
+            fused[newest[1]] = fused[ranked[0]]
+            ranked.remove(newest[1])
+            ranked.insert(0, newest[1])
 
     def _in_time(
         self,
@@ -565,12 +619,20 @@ class Retriever:
             said.update((fid, found.get(fid)) for fid in todo)
 
     def _embed_and_search(
-        self, index: VectorIndex, question: str, n: int
+        self, index: VectorIndex, question: str, n: int, faceted: bool = False
     ) -> tuple[torch.Tensor, list[tuple[int, float]]]:
         """The question's vector ``[1, dim]`` and its ``n`` nearest ``[(fact id, cosine)]``
-        (run on the retrieval thread)."""
+        (run on the retrieval thread). ``faceted``: when the question asks about a facet
+        (:meth:`Facets.steer`), the query moved toward its prototype is searched too, in the
+        same call; ``_last_facet`` is then ``(facet, its n nearest)``, else None."""
         query = self.embedder.embed([question])  # [1, dim]
         self._last_query = (question, query)  # read by _dense_among after .result()
+        self._last_facet = None
+        if faceted and (found := self.facets.of(query)) is not None:
+            steered = self.facets.steer(query)  # [1, dim]
+            plain, moved = index.search(torch.cat([query, steered]), n)
+            self._last_facet = (found[0], moved)
+            return query, plain
         return query, index.search(query, n)[0]
 
     def _first_active(
@@ -680,6 +742,17 @@ def _without(
     if not skip:
         return ranked[:n]
     return [pair for pair in ranked if pair[0] not in skip][:n]
+
+
+def _recency(days: set[str]) -> dict[str, float]:
+    """Each day (YYYY-MM-DD) placed in time between the oldest (0.0) and the newest (1.0) of
+    ``days``; a single day is 0.0."""
+    if not days:
+        return {}
+    ordinal = {d: date.fromisoformat(d).toordinal() for d in days}
+    first, last = min(ordinal.values()), max(ordinal.values())
+    span = max(1, last - first)
+    return {d: (o - first) / span for d, o in ordinal.items()}
 
 
 def _chronological(hit: Hit) -> tuple[bool, date, int]:

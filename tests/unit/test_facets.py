@@ -1,0 +1,100 @@
+"""Facets: which part of one's life a question about the present asks of, and the retriever
+step that puts the latest statement of it first (inferscale_core.facets; the real MiniLM)."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+
+import pytest
+
+import inferscale_core.retriever as retriever_module
+from inferscale_core.facets import FACETS, Facets
+from inferscale_core.retriever import Retriever
+
+NOW = datetime(2025, 9, 1, 12, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def facets(minilm):
+    return Facets(minilm)
+
+
+@pytest.mark.parametrize(
+    ("question", "facet"),
+    [
+        ("Where do I live these days?", "home"),
+        ("What car do I have?", "vehicle"),
+        ("Do I have any pets?", "pet"),
+        ("How do I get to the office?", "commute"),
+        ("Who is my girlfriend?", "partner"),
+        ("How much money do I make?", "pay"),
+        ("What is my boss called?", "boss"),
+        # questions about no part of a life, or about an event, ask about none
+        ("What's the capital of France?", None),
+        ("Tell me something funny.", None),
+        ("When is my mother's birthday?", None),
+        ("What did we eat on Sunday?", None),
+    ],
+)
+def test_a_question_asks_about_its_facet_or_none(facets, minilm, question, facet):
+    found = facets.of(minilm.embed([question]))
+    assert (found and found[0]) == facet, found
+
+
+def test_prototypes_are_unit_rows_one_per_facet(facets, minilm):
+    protos = facets.prototypes()
+    assert protos.shape == (len(FACETS), minilm.dim)
+    assert protos.norm(dim=1).sub(1).abs().max() < 1e-5
+    # a statement of a facet in other words is nearest that facet's prototype
+    said = minilm.embed(["Picked up a second-hand Toyota Yaris hybrid on Saturday."])
+    assert facets.nearest(said) == ["vehicle"]
+    query = minilm.embed(["What do I drive now?"])
+    steered = facets.steer(query)
+    assert steered is not None and abs(float(steered.norm()) - 1) < 1e-5
+    assert facets.steer(minilm.embed(["What's the capital of France?"])) is None
+
+
+LIFE = [
+    ("I drive a battered blue Peugeot 206, it never lets me down.", date(2024, 3, 2)),
+    ("The bus into town is always late on Mondays.", date(2024, 4, 9)),
+    ("My neighbour's son is learning to drive.", date(2024, 6, 1)),
+    ("Cycling to the station is faster than the bus.", date(2024, 9, 3)),
+    (
+        "Picked up a second-hand Toyota Yaris hybrid on Saturday, so much smoother.",
+        date(2025, 5, 10),
+    ),
+    ("I eat everything, no allergies or restrictions at all.", date(2024, 2, 1)),
+    ("The doctor says I am lactose intolerant, so cheese is off the menu.", date(2025, 4, 2)),
+    ("I love cooking Thai curries for friends.", date(2024, 8, 8)),
+    ("We went to the seaside for my birthday.", date(2025, 6, 14)),
+    ("I walk the dog along the canal every evening.", date(2025, 7, 1)),
+]
+
+
+def ranked(retriever, p, question):
+    hits = retriever.search(p, question, 5, order="best_first", now=NOW)
+    return [h.fact.text for h in hits]
+
+
+def test_a_change_said_in_other_words_goes_first(log, minilm, monkeypatch):
+    """The new car and the new diet name neither the old car nor "restrictions": MiniLM puts
+    the old statements first; the facet step puts the latest statement of the facet first."""
+    p = log.profile()
+    for text, when in LIFE:
+        log.add_fact(p, text, when)
+    retriever = Retriever(log, minilm)
+    old_car, new_car = LIFE[0][0], LIFE[4][0]
+    old_diet, new_diet = LIFE[5][0], LIFE[6][0]
+    car = ranked(retriever, p, "What do I drive now?")
+    diet = ranked(retriever, p, "Is there anything I cannot eat?")
+    assert car[0] == new_car and old_car in car, car
+    assert diet[0] == new_diet and old_diet in diet, diet
+    past_question = "What did I drive in 2024?"
+    past = ranked(retriever, p, past_question)
+    # the step is what does it: without it the older statements lead
+    monkeypatch.setattr(retriever_module, "FACETED", False)
+    plain = ranked(retriever, p, "What do I drive now?")
+    assert plain.index(old_car) < plain.index(new_car), plain
+    assert ranked(retriever, p, "Is there anything I cannot eat?")[0] == old_diet
+    # and a question about the past is not steered
+    assert ranked(retriever, p, past_question) == past
