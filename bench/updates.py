@@ -22,6 +22,11 @@ Figures, per mode:
   (``Fact.refers_to``) lies in the question's interval, over min(``TOP``, the profile's active
   facts dated in it); the mean over the questions (one with no fact dated in it is left out).
 * ``hybrid_minus_dense[category][k]``: R@k of hybrid minus that of dense, at k = 5 and 10.
+* ``hybrid_vs_dense[category][k]``: the same pairs question by question (McNemar's exact test):
+  ``hybrid_only`` and ``dense_only`` (questions only one mode hits), the two-sided ``p`` of a
+  split that uneven or more by chance (binomial, 1/2), and ``worse`` = dense hits more and p <
+  0.05: hybrid worse "by more than the noise" (issue 36) on that set. With few questions a
+  category needs several such questions before it can be: 1 of 11 is p = 1.0.
 
 And of extraction alone: ``ceiling[category]``, the share of questions with any fact from an
 evidence turn (R@k at k = every fact); ``extractor_dates``, over the turns with a labelled date,
@@ -37,6 +42,7 @@ Command (repository root; ~8 s on 2 cores, half of it loading MiniLM and datepar
 from __future__ import annotations
 
 import inspect
+import math
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -196,6 +202,7 @@ def score(
     current_first = dict.fromkeys(modes, 0)
     in_interval: dict[str, list[float]] = {mode: [] for mode in modes}
     per_question: dict[str, dict[str, Any]] = {mode: {} for mode in modes}
+    hit_at: dict[str, dict[str, set[int]]] = {mode: {} for mode in modes}  # question -> ks hit
     for q in life.questions:
         evidence = set(q.evidence)
         dated_in = _dated_in(active, q.interval) if q.interval else 0
@@ -207,8 +214,10 @@ def score(
                 ranked[k] = [memory.sources(h.fact) for h in found]
                 if k == TOP:
                     top = found
+            hit_at[mode][q.id] = set()
             for k in ks:
                 if any(evidence & sources for sources in ranked[k]):
+                    hit_at[mode][q.id].add(k)
                     for name in (OVERALL, q.category):
                         hits[mode][name][k] += 1
             row: dict[str, Any] = {"rank": _first(ranked[TOP], evidence)}
@@ -227,10 +236,20 @@ def score(
         for mode in modes
     }
     diff: dict[str, dict[str, float | None]] = {}
+    paired: dict[str, dict[str, dict[str, Any]]] = {}
     if "hybrid" in modes and "dense" in modes:
         for n in names:
             diff[n] = {
                 str(k): _minus(recall["hybrid"][n][str(k)], recall["dense"][n][str(k)])
+                for k in DIFF_KS
+                if k in ks
+            }
+            asked = [q.id for q in life.questions if n in (OVERALL, q.category)]
+            paired[n] = {
+                str(k): mcnemar(
+                    sum(k in hit_at["hybrid"][i] and k not in hit_at["dense"][i] for i in asked),
+                    sum(k in hit_at["dense"][i] and k not in hit_at["hybrid"][i] for i in asked),
+                )
                 for k in DIFF_KS
                 if k in ks
             }
@@ -248,6 +267,7 @@ def score(
         "month_scored": len(in_interval[modes[0]]) if modes else 0,
         "month_questions": len(months),
         "hybrid_minus_dense": diff,
+        "hybrid_vs_dense": paired,
         "evidence_without_fact": sorted(
             {tid for q in life.questions for tid in q.evidence if tid not in produced},
             key=_turn_order,
@@ -325,6 +345,21 @@ def _share(part: int, whole: int) -> float | None:
     return round(part / whole, 4) if whole else None
 
 
+def mcnemar(hybrid_only: int, dense_only: int) -> dict[str, Any]:
+    """McNemar's exact test of paired hits: ``{"hybrid_only", "dense_only", "p", "worse"}``,
+    ``p`` the two-sided chance of a split at least this uneven when either mode is as likely to
+    be the one that hits (binomial, 1/2), ``worse`` when dense hits more and p < 0.05."""
+    n = hybrid_only + dense_only
+    tail = sum(math.comb(n, i) for i in range(min(hybrid_only, dense_only) + 1)) / 2**n
+    p = min(1.0, 2 * tail)
+    return {
+        "hybrid_only": hybrid_only,
+        "dense_only": dense_only,
+        "p": round(p, 4),
+        "worse": dense_only > hybrid_only and p < 0.05,
+    }
+
+
 def _minus(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else round(a - b, 4)
 
@@ -377,6 +412,28 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{name} " + " / ".join(_signed(row[k]) for k in dks) for name, row in diff.items()
             )
             + f" (R@{', R@'.join(dks)})",
+        ]
+        paired = result.get("hybrid_vs_dense") or {}
+        worse = [
+            f"{name} at R@{k} ({row['dense_only']} vs {row['hybrid_only']}, p {row['p']:.3f})"
+            for name, by_k in paired.items()
+            for k, row in by_k.items()
+            if row["worse"]
+        ]
+        uneven = [
+            f"{name} R@{k} {row['hybrid_only']}:{row['dense_only']} (p {row['p']:.2f})"
+            for name, by_k in paired.items()
+            if name != OVERALL
+            for k, row in by_k.items()
+            if row["dense_only"] > row["hybrid_only"]
+        ]
+        lines += [
+            "",
+            "Paired (McNemar, questions only one mode hits, hybrid:dense): hybrid worse beyond"
+            " the noise (p < 0.05) in "
+            + ("; ".join(worse) if worse else "no category")
+            + (f"; dense ahead in {'; '.join(uneven)}" if uneven else "")
+            + ".",
         ]
     lines += [
         "",

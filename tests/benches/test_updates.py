@@ -233,6 +233,12 @@ def test_scoring_on_a_tiny_set(tmp_path, minilm):
     }  # fmt: skip
     assert got["ceiling"]["past"] is None and got["recall"]["hybrid"]["past"]["1"] is None
     assert set(got["hybrid_minus_dense"]) == set(got["questions"])
+    for name, by_k in got["hybrid_vs_dense"].items():  # the pairs add up to the difference
+        for k, row in by_k.items():
+            n = got["questions"][name]
+            if n:
+                net = (row["hybrid_only"] - row["dense_only"]) / n
+                assert net == pytest.approx(got["hybrid_minus_dense"][name][k], abs=1e-4)
     assert got["evidence_without_fact"] == []
     # "yesterday", said on 2 January: the extractor dates it the 1st
     assert (dates["labelled"], dates["right"], dates["no_fact"]) == (1, 1, 0)
@@ -256,3 +262,20 @@ def test_the_command_prints_and_saves_the_table(tmp_path, capsys):
         main(["bench", "updates", "--data", str(write(tmp_path, broken))])
     assert refused.value.code == 2
     assert "question F1: 'evidence' names 'S9:1'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("hybrid_only", "dense_only", "p", "worse"),
+    [
+        (0, 0, 1.0, False),  # no question tells the modes apart
+        (0, 1, 1.0, False),  # one question of a small category: the noise
+        (3, 3, 1.0, False),
+        (0, 5, 0.0625, False),  # 2 * 1/32: not yet below 0.05
+        (0, 6, 0.0312, True),  # 2 * 1/64
+        (1, 9, 0.0215, True),  # 2 * (1 + 10) / 1024
+        (9, 1, 0.0215, False),  # as uneven, but hybrid ahead
+    ],
+)
+def test_mcnemar_exact(hybrid_only, dense_only, p, worse):
+    got = updates.mcnemar(hybrid_only, dense_only)
+    assert got == {"hybrid_only": hybrid_only, "dense_only": dense_only, "p": p, "worse": worse}
