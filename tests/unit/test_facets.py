@@ -3,15 +3,14 @@ step that puts the latest statement of it first (inferscale_core.facets; the rea
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime
+from datetime import date
 
 import pytest
 
 import inferscale_core.retriever as retriever_module
 from inferscale_core.facets import FACETS, Facets
 from inferscale_core.retriever import Retriever
-
-NOW = datetime(2025, 9, 1, 12, tzinfo=UTC)
+from tests.unit.test_retriever_newer import ranked  # the top 5, best first, asked on 2025-12-20
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +68,6 @@ LIFE = [
     ("We went to the seaside for my birthday.", date(2025, 6, 14)),
     ("I walk the dog along the canal every evening.", date(2025, 7, 1)),
 ]
-
-
-def ranked(retriever, p, question):
-    hits = retriever.search(p, question, 5, order="best_first", now=NOW)
-    return [h.fact.text for h in hits]
 
 
 def test_a_change_said_in_other_words_goes_first(log, minilm, monkeypatch):
