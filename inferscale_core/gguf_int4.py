@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from inferscale_core.model_files import ModelSetupError
+from inferscale_core.model_basics import ModelSetupError
 
 GROUP = 32  # inputs per scale and zero point: a Q4_0/Q4_1 block, a Q4_K sub-block
 INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
@@ -238,7 +238,7 @@ def write_int4_folder(gguf_path: Path, out: Path, *, name: str, progress: bool =
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     from inferscale_core.gguf_header import read_header
-    from inferscale_core.model_files import _drop_load_kwargs, enforce_offline
+    from inferscale_core.model_basics import drop_load_kwargs, enforce_offline
     from inferscale_core.weights_plan import inspect_gguf
 
     enforce_offline()
@@ -310,7 +310,7 @@ def write_int4_folder(gguf_path: Path, out: Path, *, name: str, progress: bool =
     tokenizer = AutoTokenizer.from_pretrained(**source, local_files_only=True)
     tokenizer.model_max_length = config.max_position_embeddings
     tokenizer.save_pretrained(out, save_jinja_files=False)
-    _drop_load_kwargs(out / "tokenizer_config.json")
+    drop_load_kwargs(out / "tokenizer_config.json")
     worst = max(errors, key=lambda e: e["max_abs"] / max(e["max_weight"], 1e-30), default={})
     stat = gguf_path.stat()
     return {

@@ -48,10 +48,18 @@ from typing import TYPE_CHECKING
 
 from inferscale_core import model_registry
 from inferscale_core.files import fsync_dir, fsync_tree, write_atomic
+from inferscale_core.model_basics import (  # noqa: F401 (the others import them from here too)
+    ModelSetupError,
+    UnsupportedArchitectureError,
+    drop_load_kwargs,
+    enforce_offline,
+    is_gguf,
+)
 from inferscale_core.paths import DIR_MODE, cache_dir
 
 if TYPE_CHECKING:
     from inferscale_core.model_spec import ModelSpec
+    from inferscale_core.weights_plan import WeightsPlan
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +78,6 @@ MINILM_DIST_VERSION = "0.1.0"
 MARKER = "COMPLETE"
 # Bump when the layout of the built folder changes, so old caches are rebuilt, not reused.
 _CACHE_FORMAT = 1
-GGUF_MAGIC = b"GGUF"
 #: Above this many parameters a dequantized GGUF is saved in bfloat16, below in float32.
 BF16_ABOVE_PARAMETERS = 1.5e9
 
@@ -86,47 +93,10 @@ SMOLLM2_FACTS = {
     "rope_theta": 100000.0,
 }
 
-OFFLINE_ENV = (
-    "HF_HUB_OFFLINE",
-    "TRANSFORMERS_OFFLINE",
-    "HF_DATASETS_OFFLINE",
-    "VLLM_NO_USAGE_STATS",
-    "VLLM_DO_NOT_TRACK",
-    "DO_NOT_TRACK",
-)
-
 
 def is_embedded(model: str | None) -> bool:
     """Whether a configured model (None, or a name or path) means the embedded SmolLM2."""
     return model is None or model.strip().lower() in SMOLLM2_ALIASES
-
-
-class ModelSetupError(RuntimeError):
-    """A model is missing or unusable; the message says what to do about it."""
-
-
-class UnsupportedArchitectureError(ModelSetupError):
-    """A model whose architecture cannot be served with memory injection (one line: which
-    model, and :class:`~inferscale_core.model_spec.UnsupportedModelError`'s reason)."""
-
-
-def enforce_offline() -> None:
-    """Force every hub and telemetry switch we know of to "1".
-
-    Overwrites existing values on purpose: a user's ``HF_HUB_OFFLINE=0`` must not make a
-    private assistant talk to a hub or send usage statistics.
-    """
-    for name in OFFLINE_ENV:
-        os.environ[name] = "1"
-
-
-def is_gguf(path: Path) -> bool:
-    """Whether ``path`` is a file that starts with the GGUF magic bytes."""
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(len(GGUF_MAGIC)) == GGUF_MAGIC
-    except OSError:
-        return False
 
 
 # --------------------------------------------------------------------------- SmolLM2
@@ -365,7 +335,7 @@ def dequantize_gguf(
         # save_jinja_files=False keeps the chat template inside tokenizer_config.json, which
         # every reader (transformers 4 and 5, vLLM) understands.
         tokenizer.save_pretrained(out, save_jinja_files=False)
-        _drop_load_kwargs(out / "tokenizer_config.json")
+        drop_load_kwargs(out / "tokenizer_config.json")
         model_dtype = str(model.dtype).removeprefix("torch.")
         del model
 
@@ -389,14 +359,6 @@ def dequantize_gguf(
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
-
-
-def _drop_load_kwargs(tokenizer_config: Path) -> None:
-    """Remove the loading options transformers echoes into the saved tokenizer config."""
-    data = json.loads(tokenizer_config.read_text(encoding="utf-8"))
-    for key in ("local_files_only", "is_local", "gguf_file"):
-        data.pop(key, None)
-    tokenizer_config.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", "utf-8")
 
 
 # --------------------------------------------------------------------------- the cache
@@ -683,6 +645,16 @@ def prepared_model(path_or_name: str | os.PathLike[str] | None) -> Path | None:
     else:
         folder = located.path
     return None if folder is None else _checked(folder, located.what)
+
+
+def model_weights(
+    path_or_name: str | os.PathLike[str] | None, setting: str = "auto", device: str | None = None
+) -> WeightsPlan:
+    """:func:`~inferscale_core.weights_plan.weights_plan` of a model setting (a path, an added
+    name, None for the embedded SmolLM2) on ``device`` (default: this machine's engine)."""
+    from inferscale_core.weights_plan import engine_device, weights_plan
+
+    return weights_plan(model_source(path_or_name), device or engine_device(), setting)
 
 
 # --------------------------------------------------------------------------- MiniLM

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inferscale_core.config import WEIGHTS_SETTINGS
-from inferscale_core.model_files import ModelSetupError, is_gguf
+from inferscale_core.model_basics import ModelSetupError, is_gguf
 
 #: ``quant_method`` values of a ``quantization_config`` that vLLM serves as stored (CUDA).
 HF_QUANT_METHODS = frozenset({"awq", "gptq", "compressed-tensors", "fp8"})
@@ -202,16 +202,6 @@ def _on_load(
         )
     note = "; ".join(filter(None, (note, "quantized to fp8 as vLLM loads it")))
     return WeightsPlan(quantization, dequantize, "fp8", note)
-
-
-def model_weights(
-    path_or_name: str | Path | None, setting: str = "auto", device: str | None = None
-) -> WeightsPlan:
-    """:func:`weights_plan` of a model setting (a path, an added name, None for the embedded
-    SmolLM2) on ``device`` (default: this machine's engine)."""
-    from inferscale_core.model_files import model_source
-
-    return weights_plan(model_source(path_or_name), device or engine_device(), setting)
 
 
 def engine_device() -> str:

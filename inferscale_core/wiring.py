@@ -116,8 +116,7 @@ def model_and_store(
     """The model's folder (built if a GGUF must be dequantized), its KV store and vLLM's
     on-load quantization ("fp8" or None), as ``config.weights`` plans them (weights_plan.py);
     a :class:`~inferscale_core.weights_plan.WeightsError` before anything is built."""
-    from inferscale_core.model_files import resolve_model
-    from inferscale_core.weights_plan import model_weights
+    from inferscale_core.model_files import model_weights, resolve_model
 
     on_load = model_weights(config.model, config.weights).on_load
     model_dir = resolve_model(config.model, progress=progress, weights=config.weights)

@@ -255,8 +255,7 @@ def check_weights(config: AppConfig, model_dir: Path | None) -> Check:
 def _on_load(config: AppConfig) -> str | None:
     """vLLM's on-load quantization of the configured weights (None also where the plan
     refuses: check_weights reports that)."""
-    from inferscale_core.model_files import ModelSetupError
-    from inferscale_core.weights_plan import model_weights
+    from inferscale_core.model_files import ModelSetupError, model_weights
 
     try:
         return model_weights(config.model, config.weights).on_load

@@ -314,8 +314,7 @@ def run_stats(log: FactLog, pid: int, args: argparse.Namespace, console: Console
 def _current_fingerprint(config: AppConfig) -> tuple[str | None, str]:
     """The fingerprint of the model in use (the config's), or None and why it is not known."""
     from inferscale_core.fingerprint import model_fingerprint
-    from inferscale_core.model_files import ModelSetupError, prepared_model
-    from inferscale_core.weights_plan import model_weights
+    from inferscale_core.model_files import ModelSetupError, model_weights, prepared_model
 
     try:
         folder = prepared_model(config.model)

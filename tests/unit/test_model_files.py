@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from inferscale_core import model_files, paths
+from inferscale_core import model_basics, model_files, paths
 from inferscale_core.model_files import (
     MARKER,
     ModelSetupError,
@@ -244,7 +244,7 @@ def test_resolve_model_folder_without_config(tmp_path: Path) -> None:
 
 
 def test_enforce_offline_forces_every_switch(monkeypatch) -> None:
-    for name in model_files.OFFLINE_ENV:
+    for name in model_basics.OFFLINE_ENV:
         monkeypatch.setenv(name, "0")  # a user who opted in; monkeypatch restores the originals
     monkeypatch.delenv("DO_NOT_TRACK")
     enforce_offline()
