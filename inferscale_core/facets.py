@@ -122,12 +122,15 @@ class Facets:
         scores = vectors.to(torch.float32).cpu() @ self.prototypes().T  # [n, facets]
         return [self.names[i] for i in scores.argmax(dim=1).tolist()]
 
-    def steer(self, query: torch.Tensor) -> torch.Tensor | None:
-        """``query`` ``[1, dim]`` moved toward the prototype of the facet it asks about
-        (normalised, on the query's device and dtype), or None when it asks about none."""
-        found = self.of(query)
-        if found is None:
-            return None
-        proto = self.prototypes()[self.names.index(found[0])]
+    def steer(self, query: torch.Tensor, facet: str | None = None) -> torch.Tensor | None:
+        """``query`` ``[1, dim]`` moved toward the prototype of ``facet`` (default: the one
+        it asks about, :meth:`of`), normalised, on the query's device and dtype; None when it
+        asks about none."""
+        if facet is None:
+            found = self.of(query)
+            if found is None:
+                return None
+            facet = found[0]
+        proto = self.prototypes()[self.names.index(facet)]
         moved = query[0].to(torch.float32).cpu() + FACET_MIX * proto
         return F.normalize(moved, dim=0).unsqueeze(0).to(query.device, query.dtype)

@@ -449,14 +449,9 @@ class Retriever:
         facet is ``facet`` (their stored vectors read from the log)."""
         best = steered[0][1] if steered else 0.0
         near = [fid for fid, c in steered[:FACET_READ] if c >= FACET_FLOOR * best]
-        stored = self.log.embeddings_of(profile_id, self.embedder.name, near)
-        dim = self.embedder.dim
-        stored = [(fid, blob) for fid, blob in stored if len(blob) == 4 * dim]
-        if not stored:
-            return
-        vectors = _decode([blob for _, blob in stored], dim)  # [n, dim]
+        ids, vectors = self._stored_vectors(profile_id, near)  # [n], [n, dim]
         names = self.facets.nearest(vectors)
-        ofs = [fid for (fid, _), name in zip(stored, names, strict=True) if name == facet]
+        ofs = [fid for fid, name in zip(ids, names, strict=True) if name == facet]
         said = self.log.fact_said_days(ofs)
         newest = max(((day, fid) for fid, day in said.items()), default=None)
         if newest is not None and ranked[0] != newest[1]:
@@ -495,17 +490,14 @@ class Retriever:
         anchors = [h.fact.id for h in hits[:NEWER_ANCHORS] if h.fact.valid_until is None]
         if not anchors:
             return hits
-        stored = self.log.embeddings_of(profile_id, self.embedder.name, anchors)
-        dim = self.embedder.dim
-        stored = [(fid, blob) for fid, blob in stored if len(blob) == 4 * dim]
+        stored, vectors = self._stored_vectors(profile_id, anchors)  # [a], [a, dim]
         if not stored:
             return hits
         index = self._index(profile_id)
-        vectors = _decode([blob for _, blob in stored], dim)  # [a, dim]
         found = self.thread.submit(index.search, vectors, NEWER_NEIGHBOURS).result()
         near = {
             fid: [(other, c) for other, c in pairs if other != fid and other not in skip]
-            for (fid, _), pairs in zip(stored, found, strict=True)
+            for fid, pairs in zip(stored, found, strict=True)
         }
         ids = sorted({fid for pairs in near.values() for fid, _ in pairs} | set(near))
         said = self.log.fact_said_days(ids)
@@ -596,19 +588,24 @@ class Retriever:
         self, profile_id: int, question: str, ids: list[int]
     ) -> list[tuple[int, float]]:
         """``[(fact id, cosine)]`` of those ``ids`` with a stored vector, best first."""
-        stored = self.log.embeddings_of(profile_id, self.embedder.name, ids)
-        dim = self.embedder.dim
-        stored = [(fid, blob) for fid, blob in stored if len(blob) == 4 * dim]
+        stored, vectors = self._stored_vectors(profile_id, ids)  # [n], [n, dim]
         if not stored:
             return []
         asked, query = self._last_query
         if asked != question:  # a keyword-mode search embedded nothing
             query = self.embedder.embed([question])  # [1, dim]
-        vectors = _decode([blob for _, blob in stored], dim)  # [n, dim]
         cosine = (vectors @ query[0].to(vectors.dtype).cpu()).tolist()  # [n]
-        return sorted(
-            ((fid, c) for (fid, _), c in zip(stored, cosine, strict=True)), key=lambda p: -p[1]
-        )
+        return sorted(zip(stored, cosine, strict=True), key=lambda p: -p[1])
+
+    def _stored_vectors(self, profile_id: int, ids: list[int]) -> tuple[list[int], torch.Tensor]:
+        """Those ``ids`` with a stored vector of this embedder (active facts of the profile),
+        and the vectors ``[n, dim]`` (float32; ``[0, dim]`` when none), read from the log."""
+        dim = self.embedder.dim
+        stored = self.log.embeddings_of(profile_id, self.embedder.name, ids)
+        stored = [(fid, blob) for fid, blob in stored if len(blob) == 4 * dim]
+        if not stored:
+            return [], torch.zeros(0, dim, dtype=torch.float32)
+        return [fid for fid, _ in stored], _decode([blob for _, blob in stored], dim)
 
     def _read_speakers(self, said: dict[int, str | None], ids: list[int]) -> None:
         """Add to ``said`` the speakers of the ``ids`` it lacks, read from the log (None: a
@@ -629,7 +626,7 @@ class Retriever:
         self._last_query = (question, query)  # read by _dense_among after .result()
         self._last_facet = None
         if faceted and (found := self.facets.of(query)) is not None:
-            steered = self.facets.steer(query)  # [1, dim]
+            steered = self.facets.steer(query, found[0])  # [1, dim]
             plain, moved = index.search(torch.cat([query, steered]), n)
             self._last_facet = (found[0], moved)
             return query, plain
