@@ -4,8 +4,8 @@ Two extractors share one output type:
 
 * :class:`DeterministicExtractor` — the statements of each turn become a dated fact, stripped
   of filler, requests and reactions, with its date ("yesterday", "3 days ago", "on 12 March",
-  "last Saturday", "in September 2024") resolved against the turn's timestamp (dateparser,
-  English only, for named dates). The default for the embedded 135M model, and the fallback
+  "last Saturday", "on the 12th", "in September 2024") resolved against the turn's timestamp
+  (:mod:`inferscale_core.turn_dates`). The default for the embedded 135M model, and the fallback
   whenever structured output fails validation.
 * :class:`LLMExtractor` — asks the engine for JSON-schema-constrained operations against the
   most similar existing facts (vLLM structured outputs), validates them, and falls back.
@@ -18,10 +18,11 @@ import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta
+from datetime import date
 from typing import Any, Protocol
 
 from inferscale_core.composer import render_chat
+from inferscale_core.turn_dates import resolve_date
 from inferscale_core.types import Fact, Turn
 
 log = logging.getLogger(__name__)
@@ -83,11 +84,6 @@ def sentence_kind(sentence: str) -> str:
     return "tells"
 
 
-_DAYS_AGO = re.compile(r"\b(\d{1,3}|a|one|two|three|four|five|six|seven)\s+days?\s+ago\b", re.I)
-_WEEKS_AGO = re.compile(r"\b(\d{1,2}|a|one|two|three)\s+weeks?\s+ago\b", re.I)
-_NUMBER_WORDS = {"a": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7}
-
-
 @dataclass(frozen=True, slots=True)
 class FactOp:
     """One change to the memory: add a fact, update or delete an existing one."""
@@ -102,127 +98,6 @@ class Extractor(Protocol):
     name: str
 
     def extract(self, turn: Turn, similar: Sequence[Fact] = ()) -> list[FactOp]: ...
-
-
-def _count(word: str) -> int:
-    return int(word) if word.isdigit() else _NUMBER_WORDS[word.lower()]
-
-
-# Named dates. A sentence naming a month, a weekday, an ISO date or a year ("in 2019") goes to
-# dateparser (English only, against the turn's own time); the cheap check (_DATE_WORD) keeps
-# every other turn away from it and is the guard on what it finds: a span it reads as a date
-# ("We" as Wednesday, "900 a month", modal "may") counts only if it holds one of these words.
-_MONTHS = (
-    r"(?:january|february|march|april|june|july|august|september|october|november|december"
-    r"|jan|feb|mar|apr|jun|jul|aug|sept?|oct|nov|dec)\b|(?-i:May)\b"
-)
-_DATE_WORD = re.compile(
-    rf"\b(?:{_MONTHS}"
-    r"|(?:mon|tues|wednes|thurs|fri|satur|sun)day\b|\d{4}-\d\d-\d\d\b"
-    r"|(?:in|since|during|of)\s+(?:19|20)\d\d\b)",
-    re.IGNORECASE,
-)
-# "from 3 to 5 May", "12-16 April", "between 2 and 6 September": the first day, the same month.
-_DAY_RANGE = re.compile(
-    r"\b(\d{1,2})(?:st|nd|rd|th)?\s*(?:-|–|to|till|until|and)\s*\d{1,2}(?:st|nd|rd|th)?"
-    rf"(?=\s+(?:{_MONTHS}))",
-    re.IGNORECASE,
-)
-_WEEKEND = re.compile(r"\b(last|this|next)\s+weekend\b", re.IGNORECASE)
-_WEEKEND_SATURDAY = {"last": -2, "this": 5, "next": 12}  # days from this week's Monday
-# A plan looks forward: "I'll fly on 28 October" is this October's, "I flew on 28 October" too.
-_FUTURE = re.compile(
-    r"\b(?:will|shall|going\s+to|gonna|plan(?:s|ning)?\s+to|postponed|rescheduled|next"
-    r"|booked\s+for|scheduled\s+for|invited|is\s+booked|appointment|upcoming)\b|'ll\b",
-    re.IGNORECASE,
-)
-
-
-_PAST_TENSE = re.compile(
-    r"\b(?:was|were|went|did|had|got|came|left|flew|ran|saw|met|spent|bought|took|made"
-    r"|began|won|lost|gave|found|sold|drove|wrote|\w{3,}ed)\b",
-    re.IGNORECASE,
-)
-_WEEKDAY_ONLY = re.compile(
-    rf"^(?!.*\b(?:{_MONTHS}))(?=.*\b(?:mon|tues|wednes|thurs|fri|satur|sun)day\b)", re.IGNORECASE
-)
-_YEARLESS_MONTH = re.compile(rf"^(?!.*\b(?:19|20)\d\d\b)(?=.*\b(?:{_MONTHS}))", re.IGNORECASE)
-
-
-def _next_year(day: date) -> date | None:
-    try:
-        return day.replace(year=day.year + 1)
-    except ValueError:  # 29 February
-        return None
-
-
-def _named_date(text: str, when: datetime) -> date | None:
-    """The first named date of ``text`` (a weekend's Saturday, a month's first day)."""
-    day = when.date()
-    if match := _WEEKEND.search(text):
-        monday = day - timedelta(days=day.weekday())
-        return monday + timedelta(days=_WEEKEND_SATURDAY[match.group(1).lower()])
-    if not _DATE_WORD.search(text):
-        return None
-    from dateparser.search import search_dates
-
-    settings = {
-        "RELATIVE_BASE": when.replace(tzinfo=None),
-        "PREFER_DATES_FROM": "future" if _FUTURE.search(text) else "past",
-        "PREFER_DAY_OF_MONTH": "first",
-        "PREFER_MONTH_OF_YEAR": "first",
-        "RETURN_AS_TIMEZONE_AWARE": False,
-        "TIMEZONE": "UTC",
-    }
-    found = search_dates(_DAY_RANGE.sub(r"\1", text), languages=["en"], settings=settings)
-    span, at = next(((s, a) for s, a in found or () if _DATE_WORD.search(s)), (None, None))
-    if span is None or at is None:
-        return None
-    named = at.date()
-    told_as_past = _PAST_TENSE.search(text) is not None
-    if (
-        settings["PREFER_DATES_FROM"] == "past"
-        and not told_as_past
-        and _YEARLESS_MONTH.search(span)
-    ):
-        # "the wedding is on 14 September", said in August: a date without its year, in a
-        # sentence that tells no past, is the nearer of its two occurrences (dateparser's
-        # "past" gives last year's); "I moved to Porto on 12 March" keeps the past one
-        later = _next_year(named)
-        if later is not None and later - day < day - named:
-            return later
-    if not told_as_past and _WEEKDAY_ONLY.search(span) and named < day:
-        later = named + timedelta(weeks=1)  # "the lesson is on Wednesday", said on Monday
-        if later - day < day - named:
-            return later
-    return named
-
-
-def resolve_date(text: str, when: datetime | None) -> date | None:
-    """The day ``text`` refers to, relative to when it was said (the turn's own day if none)."""
-    if when is None:
-        return None
-    if named := _named_date(text, when):
-        return named
-    day = when.date()
-    lowered = text.lower()
-    if match := _DAYS_AGO.search(text):
-        return day - timedelta(days=_count(match.group(1)))
-    if match := _WEEKS_AGO.search(text):
-        return day - timedelta(weeks=_count(match.group(1)))
-    if "yesterday" in lowered or "last night" in lowered:
-        return day - timedelta(days=1)
-    if "tomorrow" in lowered:
-        return day + timedelta(days=1)
-    if "last week" in lowered:
-        return day - timedelta(weeks=1)
-    if "next week" in lowered:
-        return day + timedelta(weeks=1)
-    if "last month" in lowered:
-        return (day.replace(day=1) - timedelta(days=1)).replace(day=1)
-    if "last year" in lowered:
-        return day.replace(year=day.year - 1, month=1, day=1)
-    return day
 
 
 def strip_filler(text: str) -> str:

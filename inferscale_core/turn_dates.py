@@ -1,0 +1,309 @@
+"""The day a turn tells of, read from its words against the time it was said.
+
+"Yesterday", "3 days ago", "on 12 March", "last Saturday", "in September 2024", "on the
+12th", "the weekend before last", "since New Year's Eve": :func:`resolve_date` finds the time
+expressions of a text and resolves the *first* one said (the event a turn opens with is the one
+it is about: "accepted yesterday!! i start sept 1" tells of yesterday). Named months and years
+go to dateparser (English only); weekdays, days of the month and the few fixed holidays people
+name are resolved here, because they need the sentence's tense: "Planted the tomatoes on
+Sunday" is the Sunday gone, "She's 32 on Saturday" the one to come, and dateparser reads "32
+on Saturday" as a day of 1932.
+
+A sentence tells of the past when it has a past-tense verb (:data:`_PAST_TENSE`), of the future
+when it says so (:data:`_FUTURE`); only the sentence holding the expression is read ("next door"
+in another sentence does not make "on Sunday" next Sunday). A day said with neither is the
+nearer of its two occurrences. Nothing found: the day it was said.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from datetime import date, datetime, timedelta
+
+_SENTENCE = re.compile(r"[^.!?;]+[.!?;]*")  # a sentence (or a part of one after ";")
+_CLAUSE = re.compile(r"[^,.!?;:—–]+[,.!?;:—–]*")
+
+_DAYS_AGO = re.compile(r"\b(\d{1,3}|a|one|two|three|four|five|six|seven)\s+days?\s+ago\b", re.I)
+_WEEKS_AGO = re.compile(r"\b(\d{1,2}|a|one|two|three)\s+weeks?\s+ago\b", re.I)
+_NUMBER_WORDS = {"a": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7}
+# (pattern, days from the day said) of the fixed relative words; months and years below
+_SHIFTS = (
+    (re.compile(r"\b(?:yesterday|last\s+night|yday)\b", re.I), -1),
+    (re.compile(r"\b(?:tomorrow|tmrw|tmr|2moro|tomoz)\b", re.I), 1),
+    (re.compile(r"\blast\s+week\b", re.I), -7),
+    (re.compile(r"\bnext\s+week\b", re.I), 7),
+)
+_LAST_MONTH = re.compile(r"\blast\s+month\b", re.I)
+_LAST_YEAR = re.compile(r"\blast\s+year\b", re.I)
+
+# Named dates. A text naming a month, an ISO date or a year ("in 2019") goes to dateparser
+# (against the turn's own time); the cheap check (_DATE_WORD) keeps every other text away from
+# it and is the guard on what it finds: a span it reads as a date ("900 a month", modal "may")
+# counts only if it holds one of these words.
+_MONTHS = (
+    r"(?:january|february|march|april|june|july|august|september|october|november|december"
+    r"|jan|feb|mar|apr|jun|jul|aug|sept?|oct|nov|dec)\b|(?-i:May)\b"
+)
+_DATE_WORD = re.compile(
+    rf"\b(?:{_MONTHS}|\d{{4}}-\d\d-\d\d\b|(?:in|since|during|of)\s+(?:19|20)\d\d\b)",
+    re.IGNORECASE,
+)
+# "from 3 to 5 May", "12-16 April", "between 2 and 6 September": the first day, the same month.
+_DAY_RANGE = re.compile(
+    r"\b(\d{1,2})(?:st|nd|rd|th)?\s*(?:-|–|to|till|until|and)\s*\d{1,2}(?:st|nd|rd|th)?"
+    rf"(?=\s+(?:{_MONTHS}))",
+    re.IGNORECASE,
+)
+_MONTH_NUMBER = {m: i for i, m in enumerate(
+    ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"), start=1
+)}  # fmt: skip
+_MONTH_NAME = (
+    r"(?:january|february|march|april|may|june|july|august|september|october|november|december"
+    r"|jan|feb|mar|apr|jun|jul|aug|sept?|oct|nov|dec)"
+)
+# "10 August", "the 3rd of May", "August 10th", "May 3, 2025": a day and a month (and a year)
+_DAY_MONTH = re.compile(
+    rf"\b(?:(?P<d1>\d{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?(?P<m1>{_MONTH_NAME})"
+    rf"|(?P<m2>{_MONTH_NAME})\.?\s+(?P<d2>\d{{1,2}})(?:st|nd|rd|th)?(?!\d|:))"
+    r"\b(?:,?\s+(?P<y>(?:19|20)\d\d)\b)?",
+    re.IGNORECASE,
+)
+_WEEKDAYS = ("mon", "tues", "wednes", "thurs", "fri", "satur", "sun")
+_WEEKDAY = re.compile(
+    r"\b(?:(?P<which>last|this|next|on|coming)\s+)?(?P<day>mon|tues?|wed(?:nes)?|thur?s?|fri"
+    r"|sat(?:ur)?|sun)(?:day)?\b(?!\s*(?:\d|the\s+\d|" + _MONTHS + "))",
+    re.IGNORECASE,
+)
+# "on the 12th", "by the 3rd": a day of the month said alone ("the 3rd of May" is dateparser's)
+_DAY_OF_MONTH = re.compile(
+    r"\b(?:on|by|from|since|until|till|before|after)\s+the\s+(\d{1,2})(?:st|nd|rd|th)\b"
+    rf"(?!\s+(?:of\s+)?(?:{_MONTHS}))",
+    re.IGNORECASE,
+)
+_WEEKEND = re.compile(
+    r"\b(?:(?P<which>last|this|next)\s+weekend|the\s+weekend\s+before\s+last)\b", re.IGNORECASE
+)
+_WEEKEND_SATURDAY = {"last": -2, "this": 5, "next": 12, None: -9}  # days from this week's Monday
+_HOLIDAYS = {  # without apostrophes: "new year's eve", "new years eve", "new year’s eve"
+    "christmas eve": (12, 24),
+    "christmas day": (12, 25),
+    "christmas": (12, 25),
+    "boxing day": (12, 26),
+    "new years eve": (12, 31),
+    "new years day": (1, 1),
+    "valentines day": (2, 14),
+    "halloween": (10, 31),
+}
+_HOLIDAY = re.compile(
+    r"\b(?:"
+    + "|".join(h.replace("s ", "['’]?s ") for h in sorted(_HOLIDAYS, key=len, reverse=True))
+    + r")\b",
+    re.IGNORECASE,
+)
+
+# A plan looks forward: "I'll fly on 28 October" is this October's, "I flew on 28 October" too.
+_FUTURE = re.compile(
+    r"\b(?:will|shall|going\s+to|gonna|plan(?:s|ning)?\s+to|postponed|rescheduled|next"
+    r"|booked\s+for|scheduled\s+for|invited|is\s+booked|appointment|upcoming|coming\s+up)\b"
+    r"|'ll\b"
+    # an arrangement: "we're flying out on the 23rd", "I'm seeing her on Friday", "booked the
+    # movers for 23 March"
+    r"|\b(?:am|is|are)\s+(?!being\b)\w+ing\b|(?:'m|'re)\s+(?!being\b)\w+ing\b"
+    r"|\b(?:booked|scheduled|arranged|reserved|planned)\b[^.!?]*\bfor\b",
+    re.IGNORECASE,
+)
+_PAST_TENSE = re.compile(
+    r"\b(?:was|were|went|did|had|got|came|left|flew|ran|saw|met|spent|bought|took|made"
+    r"|began|won|lost|gave|found|sold|drove|wrote|broke|sat|told|said|felt|kept|slept|heard"
+    r"|paid|fell|knew|thought|brought|caught|taught|wore|rode|swam|sang|ate|drank|fought"
+    r"|threw|chose|forgot|woke|shook|stood|understood|sent|built|lent|meant|read\s+it"
+    r"|didn't|wasn't|weren't|\w{3,}ed)\b",
+    re.IGNORECASE,
+)
+
+
+def resolve_date(text: str, when: datetime | None) -> date | None:
+    """The day ``text`` tells of, relative to when it was said (module docstring); the day
+    it was said when it names none; None without ``when``."""
+    if when is None:
+        return None
+    day = when.date()
+    found = min(_expressions(text, when), default=None, key=lambda p: p[0])  # (position, day)
+    if found is not None:
+        return found[1]
+    if holiday := _HOLIDAY.search(text):  # only when nothing else names the day
+        month, dom = _HOLIDAYS[re.sub(r"['’]", "", holiday.group(0).lower())]
+        return _nearest_of_year(month, dom, day, _tense(text, holiday.start()))
+    return day
+
+
+def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
+    """``(position, day)`` of each kind of time expression the text holds (the first of each)."""
+    day = when.date()
+    if match := _DAYS_AGO.search(text):
+        yield match.start(), day - timedelta(days=_count(match.group(1)))
+    if match := _WEEKS_AGO.search(text):
+        yield match.start(), day - timedelta(weeks=_count(match.group(1)))
+    for pattern, shift in _SHIFTS:
+        if match := pattern.search(text):
+            yield match.start(), day + timedelta(days=shift)
+    if match := _LAST_MONTH.search(text):
+        yield match.start(), (day.replace(day=1) - timedelta(days=1)).replace(day=1)
+    if match := _LAST_YEAR.search(text):
+        yield match.start(), day.replace(year=day.year - 1, month=1, day=1)
+    if match := _WEEKEND.search(text):
+        monday = day - timedelta(days=day.weekday())
+        yield match.start(), monday + timedelta(days=_WEEKEND_SATURDAY[match.group("which")])
+    if match := _DAY_OF_MONTH.search(text):
+        dom = _day_of_month(int(match.group(1)), day, _tense(text, match.start()))
+        if dom is not None:
+            yield match.start(), dom
+    for match in _WEEKDAY.finditer(text):
+        if _is_weekday(match):
+            yield match.start(), _weekday(match, day, _tense(text, match.start()))
+            break
+    if (match := _DATE_WORD.search(text)) and (named := _named_date(text, when)) is not None:
+        yield match.start(), named
+
+
+def _count(word: str) -> int:
+    return int(word) if word.isdigit() else _NUMBER_WORDS[word.lower()]
+
+
+def _part_at(text: str, at: int, parts: re.Pattern[str]) -> str:
+    """The part of ``text`` (a :data:`_SENTENCE` or a :data:`_CLAUSE`) holding ``at``."""
+    for match in parts.finditer(text):
+        if match.start() <= at < match.end():
+            return match.group(0)
+    return text
+
+
+def _tense(text: str, at: int) -> str:
+    """``"future"``, ``"past"`` or ``""`` (neither): of the clause holding ``at`` ("first
+    meetup was wednesday, we're reading Americanah" told of the past), else of its sentence."""
+    for part in (_part_at(text, at, _CLAUSE), _part_at(text, at, _SENTENCE)):
+        if _FUTURE.search(part):
+            return "future"
+        if _PAST_TENSE.search(part):
+            return "past"
+    return ""
+
+
+def _is_weekday(match: re.Match[str]) -> bool:
+    """A weekday's name, not a word that begins like one ("sun", "sat", "wed", "mon"): the
+    short forms count only after "on", "last", "this", "next", "coming" or as the full name."""
+    word = match.group(0).split()[-1].lower()
+    return word.endswith("day") or match.group("which") is not None and len(word) >= 3
+
+
+def _weekday(match: re.Match[str], day: date, tense: str) -> date:
+    """The day a weekday names: "last" the one of last week, "next" the one of next week (a
+    week from Sunday), "coming" the one to come, else by the sentence's tense, else the nearer
+    one (the one to come on a tie)."""
+    name = match.group("day").lower()
+    target = next(i for i, w in enumerate(_WEEKDAYS) if name.startswith(w[:3]))
+    ahead = (target - day.weekday()) % 7 or 7  # days to the next one, 1..7
+    before = day - timedelta(days=(day.weekday() - target) % 7 or 7)
+    after = day + timedelta(days=ahead)
+    which = (match.group("which") or "").lower()
+    # weeks from Sunday, as people count them here: "last Friday" said on a Saturday is 8
+    # days ago, said on a Sunday 2; "next Friday" said on a Thursday is in 8 days
+    sunday = day - timedelta(days=(day.weekday() + 1) % 7)
+    from_sunday = (target + 1) % 7
+    if which == "last":
+        return sunday - timedelta(days=7 - from_sunday)
+    if which == "next":
+        return sunday + timedelta(days=7 + from_sunday)
+    if which == "coming" or tense == "future":
+        return after
+    if tense == "past":
+        return before
+    return after if after - day <= day - before else before
+
+
+def _day_of_month(dom: int, day: date, tense: str) -> date | None:
+    """Day ``dom`` of the month said in, the month before or after: the nearest past one for a
+    past sentence, the nearest one to come for a future one, else this month's."""
+    options = []
+    for shift in (-1, 0, 1):
+        year, month = divmod(day.year * 12 + day.month - 1 + shift, 12)
+        try:
+            options.append(date(year, month + 1, dom))
+        except ValueError:  # the 31st of a month of 30 days
+            continue
+    if tense == "past":
+        options = [d for d in options if d <= day] or options
+    elif tense == "future":
+        options = [d for d in options if d >= day] or options
+    elif any(d.month == day.month for d in options):  # neither: this month's
+        options = [d for d in options if d.month == day.month]
+    return min(options, key=lambda d: (abs((d - day).days), d < day)) if options else None
+
+
+def _nearest_of_year(month: int, dom: int, day: date, tense: str) -> date:
+    """``month``/``dom`` of the year said in, the year before or after, as :func:`_day_of_month`."""
+    options = []
+    for shift in (-1, 0, 1):
+        try:
+            options.append(date(day.year + shift, month, dom))
+        except ValueError:  # 29 February of a year without one
+            continue
+    if not options:
+        raise ValueError(f"no day {dom} in month {month}")
+    if tense == "past":
+        options = [d for d in options if d <= day] or options
+    elif tense == "future":
+        options = [d for d in options if d >= day] or options
+    return min(options, key=lambda d: (abs((d - day).days), d < day))
+
+
+def _next_year(day: date) -> date | None:
+    try:
+        return day.replace(year=day.year + 1)
+    except ValueError:  # 29 February
+        return None
+
+
+_YEARLESS_MONTH = re.compile(rf"^(?!.*\b(?:19|20)\d\d\b)(?=.*\b(?:{_MONTHS}))", re.IGNORECASE)
+
+
+def _named_date(text: str, when: datetime) -> date | None:
+    """The first date dateparser finds in ``text`` holding a month, an ISO date or a year
+    (a month's first day when no day is said)."""
+    from dateparser.search import search_dates
+
+    day = when.date()
+    text = _DAY_RANGE.sub(r"\1", text)
+    at = _DATE_WORD.search(text)
+    tense = _tense(text, at.start()) if at else ""
+    if (told := _DAY_MONTH.search(text)) and at and told.start() <= at.start() < told.end():
+        month = _MONTH_NUMBER[(told.group("m1") or told.group("m2"))[:3].lower()]
+        dom = int(told.group("d1") or told.group("d2"))
+        try:
+            if told.group("y"):
+                return date(int(told.group("y")), month, dom)
+            return _nearest_of_year(month, dom, day, tense)
+        except ValueError:  # "31 April", "29 February" of a year without one
+            return None
+    settings = {
+        "RELATIVE_BASE": when.replace(tzinfo=None),
+        "PREFER_DATES_FROM": "future" if tense == "future" else "past",
+        "PREFER_DAY_OF_MONTH": "first",
+        "PREFER_MONTH_OF_YEAR": "first",
+        "RETURN_AS_TIMEZONE_AWARE": False,
+        "TIMEZONE": "UTC",
+    }
+    found = search_dates(text, languages=["en"], settings=settings)
+    span, named_at = next(((s, a) for s, a in found or () if _DATE_WORD.search(s)), (None, None))
+    if span is None or named_at is None:
+        return None
+    named = named_at.date()
+    if tense == "" and _YEARLESS_MONTH.search(span):
+        # "the wedding is on 14 September", said in August: a date without its year, in a
+        # sentence that tells no past, is the nearer of its two occurrences (dateparser's
+        # "past" gives last year's); "I moved to Porto on 12 March" keeps the past one
+        later = _next_year(named)
+        if later is not None and later - day < day - named:
+            return later
+    return named

@@ -1,0 +1,75 @@
+"""The day a turn tells of: the forms people use, each resolved against the day it was said.
+
+The sentences are of the kinds the life sets' writers used (bench/data/life-dev4.json and
+life-dev5.json, dated by hand), re-worded here: "on the 12th", a weekday whose tense is told by
+its own clause, "the weekend before last", "tmrw", a holiday, and a first expression that wins.
+"""
+
+from datetime import date, datetime
+
+import pytest
+
+from inferscale_core.turn_dates import resolve_date
+
+THU = datetime(2024, 12, 12, 18, 0)  # a Thursday
+SAT = datetime(2025, 12, 6, 11, 0)  # a Saturday
+SUN = datetime(2024, 1, 14, 9, 0)  # a Sunday
+
+
+@pytest.mark.parametrize(
+    "text, said, expected",
+    [
+        # a day of the month alone: past tense looks back, a plan or no tense this month's
+        ("The car failed its MOT on the 3rd, brake discs.", THU, date(2024, 12, 3)),
+        ("I sat the exam on the 28th and passed.", THU, date(2024, 11, 28)),
+        ("We move house on the 28th, so it's chaos.", THU, date(2024, 12, 28)),
+        ("My brother is visiting for Christmas, landing on the 22nd.", THU, date(2024, 12, 22)),
+        ("I'm flying out on the 2nd with Ana.", THU, date(2025, 1, 2)),
+        ("He turns 85 on the 31st.", datetime(2024, 11, 20), date(2024, 10, 31)),
+        # a weekday: the tense of its own clause, not of the sentence next to it
+        ("Planted the tomatoes on Sunday. The farmer next door thinks I'm mad.", THU,
+         date(2024, 12, 8)),
+        ("She's 32 on Saturday and works nights.", THU, date(2024, 12, 14)),
+        ("First meetup was wednesday, we're reading Americanah.", SAT, date(2025, 12, 3)),
+        ("amani and i broke up on wednesday. im ok", SAT, date(2025, 12, 3)),
+        ("Regatta on Sunday: our boat came fourth of six.", THU, date(2024, 12, 8)),
+        # "last" and "next" count weeks from Sunday
+        ("went to the concert last friday, he's my guy now", SAT, date(2025, 11, 28)),
+        ("Padel was brutal last Wednesday, lost 6-1 6-2.", SUN, date(2024, 1, 10)),
+        ("Next Friday I'm seeing my sister.", THU, date(2024, 12, 20)),
+        # weekends, short forms, holidays, a day and a month without its year
+        ("My night shots the weekend before last were all blurry.", THU, date(2024, 11, 30)),
+        ("i have a date tmrw, her name is keza", SAT, date(2025, 12, 7)),
+        ("keza and i are official since new year's eve", datetime(2026, 1, 10), date(2025, 12, 31)),
+        ("We're off to the Azores for two weeks from 10 August.", datetime(2024, 8, 7),
+         date(2024, 8, 10)),
+        ("We booked the movers for 23 March.", datetime(2024, 3, 4), date(2024, 3, 23)),
+        ("Got my results on 3 May 2023, finally.", THU, date(2023, 5, 3)),
+    ],
+)  # fmt: skip
+def test_a_turns_day(text, said, expected):
+    assert resolve_date(text, said) == expected
+
+
+def test_the_first_expression_said_is_the_one_told_of():
+    # the acceptance was yesterday; the start date comes second
+    assert resolve_date("accepted yesterday!! i start sept 1", SAT) == date(2025, 12, 5)
+    assert resolve_date("I'll start on 1 September, accepted it yesterday", SAT) == date(2026, 9, 1)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "We have 2 cats on the sofa.",
+        "The sun was out at the beach.",  # "sun" is no Sunday
+        "I go climbing on Mondays.",  # a habit, not a day
+        "My 85th birthday party was great.",  # an ordinal that is no day of the month
+        "I sat on the bench for an hour.",  # "sat" is no Saturday
+    ],
+)
+def test_words_that_are_not_days_keep_the_day_said(text):
+    assert resolve_date(text, THU) == THU.date()
+
+
+def test_no_time_no_day():
+    assert resolve_date("Yesterday I ran.", None) is None
