@@ -427,7 +427,7 @@ class Retriever:
                     fused[fid] *= 1 + RECENCY_WEIGHT * step.get(said.get(fid, ""), 0.0)
                 ranked.sort(key=order)
                 if facet is not None:  # the newest statement of the question's facet first
-                    self._newest_of_facet_first(profile_id, facet, ranked, fused, steered)
+                    self._newest_of_facet_first(profile_id, facet, ranked, fused, steered, skip)
             facts, gone = self._first_active(profile_id, ranked, k)
             if not self._dropped(index, profile_id, [fid for fid in gone if fid in dense_rank]):
                 break
@@ -442,6 +442,7 @@ class Retriever:
         ranked: list[int],
         fused: dict[int, float],
         steered: list[tuple[int, float]],
+        skip: frozenset[int],
     ) -> None:
         """Move to the front of ``ranked`` (with the first's fused score) the newest of the
         first ``FACET_READ`` ``steered`` candidates (``[(fact id, cosine)]`` best first) at
@@ -452,11 +453,16 @@ class Retriever:
         ids, vectors = self._stored_vectors(profile_id, near)  # [n], [n, dim]
         names = self.facets.nearest(vectors)
         ofs = [fid for fid, name in zip(ids, names, strict=True) if name == facet]
+        # what replaced one of them states the facet too, in whatever words ("Handed in my
+        # notice: I start as a planning officer at the council" closed "I'm a technician")
+        for new in self.log.open_successors(ofs).values():
+            ofs += [fid for fid in new if fid not in ofs and fid not in skip]
         said = self.log.fact_said_days(ofs)
         newest = max(((day, fid) for fid, day in said.items()), default=None)
         if newest is not None and ranked[0] != newest[1]:
+            if newest[1] in fused:  # a successor may not be a candidate
+                ranked.remove(newest[1])
             fused[newest[1]] = fused[ranked[0]]
-            ranked.remove(newest[1])
             ranked.insert(0, newest[1])
 
     def _in_time(

@@ -92,3 +92,32 @@ def test_a_change_said_in_other_words_goes_first(log, minilm, monkeypatch):
     assert ranked(retriever, p, "Is there anything I cannot eat?")[0] == old_diet
     # and a question about the past is not steered
     assert ranked(retriever, p, past_question) == past
+
+
+WORK = [
+    ("I'm a staff nurse on the cardiac ward at St Mary's, mostly night shifts.", date(2024, 3, 2)),
+    ("They've moved me up to senior nurse from November, with two students to look after.",
+     date(2024, 10, 26)),
+    ("They offered it to me! Last day at St Mary's is 23 May, and I start as a paramedic in"
+     " Leeds on 2 June, so it's time to find a flat up there.", date(2025, 4, 12)),
+    ("The new flat gets the morning sun, I love it.", date(2025, 6, 1)),
+]  # fmt: skip
+
+
+def test_what_replaced_a_statement_of_the_facet_is_one_too(log, minilm, monkeypatch):
+    """The new job is told with a move: its nearest facet is "home", not "work", yet it
+    replaced "I'm a staff nurse" (a role slot), so it stands for the facet too and, being the
+    newest of it, goes first."""
+    p = log.profile()
+    ids = [log.add_fact(p, text, when)[0] for text, when in WORK]
+    for fid in ids:
+        log.close_replaced(fid)
+    retriever = Retriever(log, minilm)
+    offer = WORK[2][0]
+    assert log.open_successors([ids[0]]) == {ids[0]: [ids[2]]}  # the slots closed the nurse
+    assert Facets(minilm).nearest(minilm.embed([offer])) == ["home"]
+    question = "What's my current position at work?"
+    assert ranked(retriever, p, question)[0] == offer
+    # no successors read (by this step and by the closed-fact step after it): it is not first
+    monkeypatch.setattr(log, "open_successors", lambda ids: {})
+    assert ranked(retriever, p, question)[0] != offer
