@@ -170,17 +170,22 @@ _PAST_TENSE = re.compile(
 )
 
 
+# "have got" is having, now: "What mobile have I got?", "I've got a cat" (not "got" as past)
+_HAVE_GOT = re.compile(
+    r"\b(?:ha(?:ve|s)|'ve|'s)\s+(?:(?:i|we|you|he|she|they)\s+)?got\b", re.IGNORECASE
+)
+
 _OWN = re.compile(r"\b(?:i|i'm|my|me|mine|we|we're|our|ours|us)\b", re.IGNORECASE)
 
 
 def asks_about_present(question: str, today: date) -> bool:
     """Whether the question asks how things are now for the one asking ("What's my job?",
-    "Where do I live?", "Am I still at Siemens?", "Where does my sister live now?"): in the
+    "Where do I live?", "Am I still at Siemens?", "What mobile have I got?"): in the
     first person, present tense, no past tense, no time named, not the past."""
     return (
         _OWN.search(question) is not None
         and _PRESENT.search(question) is not None
-        and _PAST_TENSE.search(question) is None
+        and _PAST_TENSE.search(_HAVE_GOT.sub("have", question)) is None
         and question_interval(question, today) is None
         and not asks_about_past(question, today)
     )

@@ -6,7 +6,7 @@ from datetime import date
 
 import pytest
 
-from inferscale_core.time_query import asks_about_past, question_interval
+from inferscale_core.time_query import asks_about_past, asks_about_present, question_interval
 
 TODAY = date(2025, 12, 20)  # a Saturday
 
@@ -63,3 +63,20 @@ def test_this_month_is_not_the_past():
         date(2026, 1, 1),
     )
     assert not asks_about_past("What's planned this month?", TODAY)
+
+
+@pytest.mark.parametrize(
+    ("question", "present"),
+    [
+        ("Where do I live now?", True),
+        ("Am I still at Siemens?", True),
+        ("What mobile have I got?", True),  # "have got" is having, now
+        ("What have I got on the go reading-wise?", True),
+        ("Which races have I done?", False),  # the present perfect looks back
+        ("What car did I get in 2023?", False),
+        ("What did I get for my birthday?", False),
+        ("Where does the sun rise?", False),  # nobody's own present
+    ],
+)
+def test_the_present(question, present):
+    assert asks_about_present(question, TODAY) is present
