@@ -69,7 +69,14 @@ def newest_restatement(
 
 _ENDING = re.compile(
     r"\b(?:quit|quitting|stopped|gave\s+up|given\s+up|sold|cancell?ed|finished|no\s+longer"
-    r"|any\s*more|broke\s+up|split\s+up|died|passed\s+away|moved\s+out|retired\s+from)\b",
+    r"|any\s*more|broke\s+up|split\s+up|died|passed\s+away|moved\s+out|retired\s+from"
+    # a switch ends the old one too: "took me off the amlodipine", "swapped the gym for
+    # running", "traded the Fiat in", "instead of", "ditched", "dropped", "called it a day",
+    # "fallen by the wayside"
+    r"|(?:took|taken|taking)\s+(?:me|him|her|us|them)\s+off"
+    r"|switched|swapped|traded|replaced|instead\s+of"
+    r"|ditched|dropped|packed\s+in|called\s+it\s+(?:a\s+day|quits)|by\s+the\s+wayside"
+    r"|done\s+with|moved\s+on\s+from|left\s+(?:the|my)\s+(?:job|club|team|choir|band|gym))\b",
     re.IGNORECASE,
 )
 

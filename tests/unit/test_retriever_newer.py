@@ -42,8 +42,14 @@ def test_an_ending_needs_no_relevance():
         ("Finished Middlemarch at last.", True),
         ("We sold the van to a neighbour.", True),
         ("I don't sing in the choir any more.", True),
+        # a switch ends the old value too
+        ("The GP has taken me off the amlodipine and put me on ramipril.", True),
+        ("Swapped the gym for running along the river.", True),
+        ("Gaelic has fallen by the wayside, I'm afraid.", True),
+        ("Carmen and I have called it a day.", True),
         ("I play football on Thursdays.", False),
         ("Started reading Middlemarch.", False),
+        ("The plane took off an hour late.", False),
     ],
 )
 def test_ends_it(text, ends):
