@@ -154,7 +154,8 @@ def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
         yield match.start(), day.replace(year=day.year - 1, month=1, day=1)
     if match := _WEEKEND.search(text):
         monday = day - timedelta(days=day.weekday())
-        yield match.start(), monday + timedelta(days=_WEEKEND_SATURDAY[match.group("which")])
+        which = match.group("which")
+        yield match.start(), monday + timedelta(days=_WEEKEND_SATURDAY[which and which.lower()])
     if match := _DAY_OF_MONTH.search(text):
         dom = _day_of_month(int(match.group(1)), day, _tense(text, match.start()))
         if dom is not None:

@@ -39,6 +39,7 @@ SUN = datetime(2024, 1, 14, 9, 0)  # a Sunday
         ("Next Friday I'm seeing my sister.", THU, date(2024, 12, 20)),
         # weekends, short forms, holidays, a day and a month without its year
         ("My night shots the weekend before last were all blurry.", THU, date(2024, 11, 30)),
+        ("Last weekend we went hiking.", THU, date(2024, 12, 7)),
         ("i have a date tmrw, her name is keza", SAT, date(2025, 12, 7)),
         ("keza and i are official since new year's eve", datetime(2026, 1, 10), date(2025, 12, 31)),
         ("We're off to the Azores for two weeks from 10 August.", datetime(2024, 8, 7),
