@@ -17,6 +17,7 @@ last night"), after the hits that still hold, as a closed fact goes.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 
@@ -81,6 +82,7 @@ _ENDING = re.compile(
 )
 
 
+@functools.lru_cache(maxsize=8192)  # the same facts come back search after search
 def ends_it(text: str) -> bool:
     """Whether a statement says something stopped ("I quit the choir", "We sold the van",
     "Finished the book", "I don't sing any more"): a restatement that ends its anchor."""

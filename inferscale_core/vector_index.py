@@ -57,6 +57,11 @@ class VectorIndex(Protocol):
         """Per query of ``[q, dim]``: up to ``k`` ``(id, score)``, best first."""
         ...
 
+    def vectors(self, ids: Sequence[int]) -> tuple[list[int], torch.Tensor]:
+        """Those ``ids`` the index holds, in order, and their rows ``[n, dim]`` (float32, on
+        the CPU; ``[0, dim]`` when none): the stored vectors, without reading the log."""
+        ...
+
     def __len__(self) -> int: ...
 
     def __contains__(self, fact_id: object) -> bool: ...
@@ -150,6 +155,9 @@ class ExactIndex:
                     self._scan[row] = self._scan[last]
                 self._ids[row] = moved
                 self._rows[moved] = row
+
+    def vectors(self, ids: Sequence[int]) -> tuple[list[int], torch.Tensor]:
+        return _rows_of(ids, self._rows, self._data, self._dim)
 
     def search(self, queries: torch.Tensor, k: int) -> list[list[tuple[int, float]]]:
         queries = _check_queries(queries, self._dim, self.device)  # [q, dim]
@@ -275,6 +283,9 @@ class CagraIndex:
         wanted = dict.fromkeys(int(fid) for fid in ids)
         self._kill([self._rows[fid] for fid in wanted if fid in self._rows])
         self._maybe_rebuild()
+
+    def vectors(self, ids: Sequence[int]) -> tuple[list[int], torch.Tensor]:
+        return _rows_of(ids, self._rows, self._data, self._dim)  # live rows only
 
     def search(self, queries: torch.Tensor, k: int) -> list[list[tuple[int, float]]]:
         queries = _check_queries(queries, self._dim, self.device).contiguous()  # [q, dim]
@@ -461,6 +472,23 @@ def _pairs(
         [(ids[r], v) for r, v in zip(row_list, value_list, strict=True)]
         for row_list, value_list in zip(rows.tolist(), values.tolist(), strict=True)
     ]
+
+
+def _rows_of(
+    ids: Sequence[int], rows: dict[int, int], data: torch.Tensor, dim: int
+) -> tuple[list[int], torch.Tensor]:
+    """The ``ids`` found in ``rows`` (id -> row of ``data``), in order, and their rows as
+    float32 ``[n, dim]`` on the CPU."""
+    found = [(fid, row) for fid in ids if (row := rows.get(fid)) is not None]
+    if not found:
+        return [], torch.zeros(0, dim, dtype=torch.float32)
+    at = [row for _, row in found]
+    if data.device.type == "cpu":
+        # numpy's gather: a torch op here, on the caller's thread, wakes torch's CPU thread
+        # pool, whose spinning then slows the caller's SQLite by half (measured: BM25 search
+        # 1.3 -> 2.7 ms at 10k facts on 2 cores)
+        return [fid for fid, _ in found], torch.from_numpy(data.numpy()[at])
+    return [fid for fid, _ in found], data[torch.tensor(at, device=data.device)].float().cpu()
 
 
 def _host(array: Any) -> np.ndarray:

@@ -296,18 +296,21 @@ class FactsMixin(ValidityMixin, AuditMixin, KVIndexMixin, EmbeddingsMixin, Reply
             found.update(rows)
         return found
 
-    def fact_said_days(self, ids: Sequence[int]) -> dict[int, str]:
+    def fact_said_days(self, ids: Sequence[int], profile_id: int | None = None) -> dict[int, str]:
         """``{fact id: the day it was said}``: its first source turn's day, else the day it
         refers to, else the day it was made (``YYYY-MM-DD``, so the days sort as text), for
-        those ``ids`` that exist. "The baby is due in March" was said in October."""
+        those ``ids`` that exist (with ``profile_id``: that are active facts of the profile).
+        "The baby is due in March" was said in October."""
+        only = "" if profile_id is None else " AND f.profile_id = ? AND f.status = 'active'"
+        extra = () if profile_id is None else (profile_id,)
         found: dict[int, str] = {}
         for chunk, marks in id_chunks(ids):
             rows = self.db.execute(
                 "SELECT f.id, COALESCE(substr(t.timestamp, 1, 10), f.refers_to,"
                 " substr(f.created_at, 1, 10)) FROM facts f"
                 " LEFT JOIN turns t ON t.id = json_extract(f.source_turn_ids, '$[0]')"
-                f" WHERE f.id IN ({marks})",
-                chunk,
+                f" WHERE f.id IN ({marks}){only}",
+                (*chunk, *extra),
             ).fetchall()
             found.update(rows)
         return found

@@ -214,6 +214,28 @@ def test_index_is_rebuilt_from_stored_embeddings(log, minilm):
     assert kept.search(p, "Do I have any hobbies with insects?", k=1)[0].fact.id == hits[0].fact.id
 
 
+def test_stored_vectors_come_from_the_index_or_the_log(log, minilm):
+    """The steps that read facts' vectors (newer restatements, facets, intervals) take the
+    index's rows; a fact another retriever added is read from the log; a fact deleted
+    elsewhere that the index still holds gets no day, so no step can put it first."""
+    p = log.profile()
+    ids = list(add_facts(log, p, FACTS).values())
+    kept = Retriever(log, minilm)
+    kept.search(p, "What's my pet's name?", k=5)  # builds kept's index
+    other = Retriever(log, minilm)
+    bees, _ = log.add_fact(p, "I keep bees in the garden")
+    other.add(log.get_fact(bees))
+    wanted = [*ids, bees]
+    found, rows = kept._stored_vectors(p, wanted)
+    assert found == wanted and bees not in kept._index(p)
+    stored = dict(log.embeddings(p, minilm.name))
+    for fid, row in zip(found, rows, strict=True):
+        assert torch.equal(row, torch.frombuffer(bytearray(stored[fid]), dtype=torch.float32))
+    log.forget_fact(ids[0], "forgotten elsewhere")  # kept's index still holds it
+    assert ids[0] in kept._stored_vectors(p, wanted)[0]
+    assert ids[0] not in log.fact_said_days(wanted, p) and ids[0] in log.fact_said_days(wanted)
+
+
 def test_orders_and_similar(log, minilm):
     p = log.profile()
     dated = {

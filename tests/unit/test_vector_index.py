@@ -57,6 +57,17 @@ def assert_same(got, want) -> None:
         assert [s for _, s in g] == pytest.approx([s for _, s in w], abs=1e-5)
 
 
+def assert_rows(index: VectorIndex, stored: dict[int, torch.Tensor]) -> None:
+    """``index.vectors`` gives the stored rows of the ids it holds, in the order asked."""
+    ids = [12345, *reversed(list(stored)[:6]), 3, 5]
+    found, rows = index.vectors(ids)
+    assert found == [fid for fid in ids if fid in stored]
+    assert rows.dtype == torch.float32 and rows.device.type == "cpu"
+    assert rows.shape == (len(found), DIM)
+    for fid, row in zip(found, rows, strict=True):
+        assert torch.equal(row, stored[fid].cpu())
+
+
 def churn(index: VectorIndex, check) -> None:
     """Adds in batches (with repeats), upserts, removes (with unknown and repeated ids), and
     ``check(stored)`` after every step."""
@@ -98,6 +109,7 @@ def test_exact_index_matches_brute_force(device):
         assert all(fid in index for fid in stored) and -1 not in index
         for k in (1, 5, len(stored) + 10):
             assert_same(index.search(queries, k), brute(stored, queries, k))
+        assert_rows(index, stored)
 
     churn(index, check)
 
@@ -232,6 +244,7 @@ def test_cagra_bookkeeping_against_a_brute_force_stand_in(monkeypatch):
             assert torch.equal(index._graph.data, index._data[: len(index._ids)])
         for k in (1, 5, len(stored) + 10):
             assert_same(index.search(queries, k), brute(stored, queries, k))
+        assert_rows(index, stored)
 
     churn(index, check)
     assert cagra.builds >= 3 and cagra.extends >= 10
