@@ -19,7 +19,7 @@ from datetime import date, timedelta
 
 Interval = tuple[date, date]  # [start, end): the end day is not in it
 
-_MONTH_NUMBERS = {
+MONTH_NUMBERS = {
     "jan": 1,
     "feb": 2,
     "mar": 3,
@@ -40,7 +40,8 @@ _MONTH = (
 _YEAR = r"(?P<year>(?:19|20)\d\d)"
 _SEASONS = {"spring": 3, "summer": 6, "autumn": 9, "fall": 9, "winter": 12}
 
-_DAY_MONTH = re.compile(
+# "12 March", "the 3rd of May", "August 10th, 2024" (also read by turn_dates.py in turns)
+DAY_MONTH = re.compile(
     rf"\b(?:on\s+)?(?:(?P<day>\d{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?{_MONTH}"
     rf"|{_MONTH.replace('month', 'month2')}\s+(?P<day2>\d{{1,2}})(?:st|nd|rd|th)?)\b"
     rf"(?:,?\s+{_YEAR})?",
@@ -75,7 +76,7 @@ _PAST = re.compile(
 
 
 def _month_number(name: str) -> int:
-    return _MONTH_NUMBERS[name[:3].casefold()]
+    return MONTH_NUMBERS[name[:3].casefold()]
 
 
 def _month(year: int, month: int) -> Interval:
@@ -96,7 +97,7 @@ def _year_named(question: str) -> str | None:
 
 def question_interval(question: str, today: date) -> Interval | None:
     """The days the question names (the first time expression found), else None."""
-    if match := _DAY_MONTH.search(question):
+    if match := DAY_MONTH.search(question):
         day = int(match.group("day") or match.group("day2"))
         month = _month_number(match.group("month") or match.group("month2"))
         year = int(match.group("year")) if match.group("year") else None

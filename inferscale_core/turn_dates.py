@@ -21,6 +21,8 @@ import re
 from collections.abc import Iterator
 from datetime import date, datetime, timedelta
 
+from inferscale_core.time_query import DAY_MONTH, MONTH_NUMBERS
+
 _SENTENCE = re.compile(r"[^.!?;]+[.!?;]*")  # a sentence (or a part of one after ";")
 _CLAUSE = re.compile(r"[^,.!?;:—–]+[,.!?;:—–]*")
 
@@ -53,20 +55,6 @@ _DATE_WORD = re.compile(
 _DAY_RANGE = re.compile(
     r"\b(\d{1,2})(?:st|nd|rd|th)?\s*(?:-|–|to|till|until|and)\s*\d{1,2}(?:st|nd|rd|th)?"
     rf"(?=\s+(?:{_MONTHS}))",
-    re.IGNORECASE,
-)
-_MONTH_NUMBER = {m: i for i, m in enumerate(
-    ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"), start=1
-)}  # fmt: skip
-_MONTH_NAME = (
-    r"(?:january|february|march|april|may|june|july|august|september|october|november|december"
-    r"|jan|feb|mar|apr|jun|jul|aug|sept?|oct|nov|dec)"
-)
-# "10 August", "the 3rd of May", "August 10th", "May 3, 2025": a day and a month (and a year)
-_DAY_MONTH = re.compile(
-    rf"\b(?:(?P<d1>\d{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?(?P<m1>{_MONTH_NAME})"
-    rf"|(?P<m2>{_MONTH_NAME})\.?\s+(?P<d2>\d{{1,2}})(?:st|nd|rd|th)?(?!\d|:))"
-    r"\b(?:,?\s+(?P<y>(?:19|20)\d\d)\b)?",
     re.IGNORECASE,
 )
 _WEEKDAYS = ("mon", "tues", "wednes", "thurs", "fri", "satur", "sun")
@@ -278,12 +266,12 @@ def _named_date(text: str, when: datetime) -> date | None:
     text = _DAY_RANGE.sub(r"\1", text)
     at = _DATE_WORD.search(text)
     tense = _tense(text, at.start()) if at else ""
-    if (told := _DAY_MONTH.search(text)) and at and told.start() <= at.start() < told.end():
-        month = _MONTH_NUMBER[(told.group("m1") or told.group("m2"))[:3].lower()]
-        dom = int(told.group("d1") or told.group("d2"))
+    if (told := DAY_MONTH.search(text)) and at and told.start() <= at.start() < told.end():
+        month = MONTH_NUMBERS[(told.group("month") or told.group("month2"))[:3].lower()]
+        dom = int(told.group("day") or told.group("day2"))
         try:
-            if told.group("y"):
-                return date(int(told.group("y")), month, dom)
+            if told.group("year"):
+                return date(int(told.group("year")), month, dom)
             return _nearest_of_year(month, dom, day, tense)
         except ValueError:  # "31 April", "29 February" of a year without one
             return None
