@@ -93,7 +93,7 @@ _HOLIDAY = re.compile(
 # A plan looks forward: "I'll fly on 28 October" is this October's, "I flew on 28 October" too.
 _FUTURE = re.compile(
     r"\b(?:will|shall|going\s+to|gonna|plan(?:s|ning)?\s+to|postponed|rescheduled|next"
-    r"|booked\s+for|scheduled\s+for|invited|is\s+booked|appointment|upcoming|coming\s+up)\b"
+    r"|invited|is\s+booked|appointment|upcoming|coming\s+up)\b"
     r"|'ll\b"
     # an arrangement: "we're flying out on the 23rd", "I'm seeing her on Friday", "booked the
     # movers for 23 March"
@@ -221,13 +221,9 @@ def _day_of_month(dom: int, day: date, tense: str) -> date | None:
             options.append(date(year, month + 1, dom))
         except ValueError:  # the 31st of a month of 30 days
             continue
-    if tense == "past":
-        options = [d for d in options if d <= day] or options
-    elif tense == "future":
-        options = [d for d in options if d >= day] or options
-    elif any(d.month == day.month for d in options):  # neither: this month's
+    if not tense and any(d.month == day.month for d in options):  # neither: this month's
         options = [d for d in options if d.month == day.month]
-    return min(options, key=lambda d: (abs((d - day).days), d < day)) if options else None
+    return _by_tense(options, day, tense) if options else None
 
 
 def _nearest_of_year(month: int, dom: int, day: date, tense: str) -> date:
@@ -240,6 +236,12 @@ def _nearest_of_year(month: int, dom: int, day: date, tense: str) -> date:
             continue
     if not options:
         raise ValueError(f"no day {dom} in month {month}")
+    return _by_tense(options, day, tense)
+
+
+def _by_tense(options: list[date], day: date, tense: str) -> date:
+    """The one of ``options`` nearest ``day`` among the past ones for a ``"past"`` tense, the
+    ones to come for ``"future"`` (all of them when none is), the one to come on a tie."""
     if tense == "past":
         options = [d for d in options if d <= day] or options
     elif tense == "future":
