@@ -284,9 +284,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tokenizer", type=Path, help="tokenizer folder for --dummy-config")
     parser.add_argument(
         "--weights",
-        choices=DUMMY_WEIGHTS,
+        choices=(*DUMMY_WEIGHTS, "fp8"),
         default="bf16",
-        help="dummy weights: bf16, or int4 (compressed-tensors W4A16 as GGUF folders; bf16)",
+        help="dummy weights: bf16, int4 (compressed-tensors W4A16 as GGUF folders; bf16), or"
+        " fp8 (bf16 quantized by vLLM as it loads them: the product's weights = fp8)",
     )
     parser.add_argument("--facts", type=int, default=200)
     parser.add_argument("--backlog", type=int, default=2000)
@@ -310,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.weights != "bf16" and (not args.dummy_config or args.old_design):
-        parser.error("--weights int4 is for --dummy-config runs, without --old-design")
+        parser.error(f"--weights {args.weights} is for --dummy-config runs, without --old-design")
     started = time.perf_counter()
 
     def progress(message: str) -> None:
@@ -324,10 +325,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             k=args.k, w=args.w, window=args.window, gpu_pool_gib=args.pool_gib if cuda else 0
         )
         if args.dummy_config:
-            model_dir = resolve_dummy_config(args.dummy_config, Path(tmp), args.weights)
+            stored = "bf16" if args.weights == "fp8" else args.weights
+            model_dir = resolve_dummy_config(args.dummy_config, Path(tmp), stored)
             for name in ("tokenizer.json", "tokenizer_config.json"):
                 shutil.copy(Path(args.tokenizer) / name, model_dir / name)
             config.model = str(model_dir)
+            config.weights = "fp8" if args.weights == "fp8" else "auto"
             options["extra"] = {"load_format": "dummy", "skip_tokenizer_init": True}
             embedder = HashEmbedder()
         if cuda:

@@ -28,13 +28,14 @@ random Llama (``tests/tiny_llama_check.py --dtype bfloat16``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import statistics
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ import torch
 
 from bench.arguments import parse_ks, parse_names
 from bench.dummy import SHAPES, dummy_weights_config, layout_request
+from bench.probes import MethodClock
 from bench.report import percentile
 from inferscale_core import wiring
 from inferscale_core.composer import ComposedPrompt, entry_key
@@ -345,34 +347,48 @@ class Suite:
         prefix = (self.prefix_key, self.prefix_ids)
         tiers = ("device", "host", "disk")
         samples: dict[str, list[float]] = {f"{s}/{t}": [] for s in schemes for t in tiers}
+        # Where a cell's time goes, from outside (CPU time, no device sync, so the TTFT is
+        # undisturbed): the scheduler side, the worker's whole load, the store's prefetch
+        # within it, and the pool's evictions (each copies its entry out to host RAM)
+        phases: dict[str, list[dict[str, float]]] = {name: [] for name in samples}
         for _ in range(3):  # warm-up: every scheme's own salt, the dequantize path
             for scheme in schemes:
                 facts_ = self.rng.sample(pools[scheme], k)
                 question = _ids(self.rng, QUESTION_TOKENS)
                 self._ttft(layout_request(prefix, facts_, question, f"gpu-suite-{scheme}"))
-        for _ in range(runs):
-            for scheme in schemes:
-                for tier in tiers:
-                    facts_ = self.rng.sample(pools[scheme], k)
-                    question = _ids(self.rng, QUESTION_TOKENS)
-                    composed = layout_request(prefix, facts_, question, f"gpu-suite-{scheme}")
-                    keys = [key for key, _ in facts_]
-                    if tier == "device":
-                        self.store.prefetch(keys)
-                    elif tier == "host":
-                        self.store.demote(keys, "host", pin=True)
-                    else:
-                        self.store.demote(keys, "disk")
-                        _drop_page_cache([self.store.path(key) for key in keys])
-                    self._ttft(settle)
-                    ttft, result = self._ttft(composed)
-                    assert result.refused is None, result.refused
-                    samples[f"{scheme}/{tier}"].append(ttft)
+        with _load_clock(self.engine, self.store) as clock:
+            for _ in range(runs):
+                for scheme in schemes:
+                    for tier in tiers:
+                        facts_ = self.rng.sample(pools[scheme], k)
+                        question = _ids(self.rng, QUESTION_TOKENS)
+                        composed = layout_request(prefix, facts_, question, f"gpu-suite-{scheme}")
+                        keys = [key for key, _ in facts_]
+                        if tier == "device":
+                            self.store.prefetch(keys)
+                        elif tier == "host":
+                            self.store.demote(keys, "host", pin=True)
+                        else:
+                            self.store.demote(keys, "disk")
+                            _drop_page_cache([self.store.path(key) for key in keys])
+                        self._ttft(settle)
+                        clock.take()
+                        clock.calls.clear()
+                        ttft, result = self._ttft(composed)
+                        assert result.refused is None, result.refused
+                        samples[f"{scheme}/{tier}"].append(ttft)
+                        took = clock.take()
+                        took["evictions"] = clock.calls.get("evict_us", 0)
+                        phases[f"{scheme}/{tier}"].append(took)
         cells = {
             name: {
                 "ttft_s_median": statistics.median(values),
                 "ttft_s_p90": percentile(values, 0.9),
                 "samples": values,
+                "phases_median": {
+                    phase: statistics.median(row.get(phase, 0.0) for row in phases[name])
+                    for phase in ("scheduler_us", "load_us", "prefetch_us", "evict_us", "evictions")
+                },
             }
             for name, values in samples.items()
         }
@@ -385,6 +401,14 @@ class Suite:
             + ", ".join(f"{n} {c['ttft_s_median'] * 1e3:.1f} ms" for n, c in cells.items()),
             flush=True,
         )
+        for name, cell in cells.items():
+            ms = {phase: value / 1e3 for phase, value in cell["phases_median"].items()}
+            print(
+                f"  {name}: load {ms['load_us']:.2f} ms (prefetch {ms['prefetch_us']:.2f},"
+                f" {cell['phases_median']['evictions']:.0f} evictions {ms['evict_us']:.2f}),"
+                f" scheduler {ms['scheduler_us']:.2f} ms",
+                flush=True,
+            )
         return {"k": k, "runs": runs, "bytes_per_entry": sizes, "cells": cells}
 
     def load_times(self, k: int = 50, runs: int = 10) -> dict[str, Any]:
@@ -595,6 +619,24 @@ class Suite:
             flush=True,
         )
         return result
+
+
+@contextlib.contextmanager
+def _load_clock(engine: Any, store: KVStore) -> Iterator[MethodClock]:
+    """:func:`~bench.probes.connector_clock` (no sync) plus the store's ``prefetch``
+    (``prefetch_us``) and the pool's evictions (``evict_us``: the store's ``_demote``, called
+    for each victim; its calls count them)."""
+    from bench.probes import connector_clock
+
+    with connector_clock(engine) as clock:
+        _, worker = engine.connectors()
+        stores = {id(store): store}
+        if worker is not None and worker.worker is not None:
+            stores[id(worker.worker.store)] = worker.worker.store
+        for each in stores.values():
+            clock.wrap(each, "prefetch", "prefetch_us")
+            clock.wrap(each, "_demote", "evict_us")
+        yield clock
 
 
 def _drop_page_cache(paths: Sequence[Path]) -> None:
