@@ -15,9 +15,11 @@
 #   for SERVE=1 also:             the pure-Python HTTP stack, used where the image lacks it (uvicorn
 #                                 h11 httpx httpcore anyio sniffio certifi idna) in .gpu/servedeps
 #   for ENCODE=1 also:            mkdir -p .gpu/data && cp ../shared/data/locomo/locomo10.json .gpu/data/
-#                                 and the pure-Python deps of the fact log in .gpu/pydeps (pip
-#                                 install --target: sqlite-utils sqlite-fts4 click python-dateutil
-#                                 ijson platformdirs pluggy)
+#                                 and the deps of the fact log in .gpu/pydeps (pip install --target,
+#                                 for CPython 3.12 manylinux as .gpu/dl.sh does: sqlite-utils
+#                                 sqlite-fts4 click click-default-group tabulate python-dateutil six
+#                                 ijson platformdirs pluggy dateparser regex pytz tzlocal); APP=1
+#                                 needs them too (its memory worker extracts: dateparser)
 # On the GPU machine, repo root:  bash .gpu/device.sh recv .xfer/c00; bash .gpu/device.sh recv .xfer/c01
 #   (RETRIEVAL=1: bash .gpu/cuvs/device.sh recv .xfer-cuvs/c00 and c01 too;
 #    LOCOMO=1, KVQUANT=1, GGUF=1: mkdir -p /tmp/payload-gguf && cp .xfer-gguf/g0? /tmp/payload-gguf/ in each call
