@@ -19,7 +19,7 @@ from datetime import date, timedelta
 
 Interval = tuple[date, date]  # [start, end): the end day is not in it
 
-MONTH_NUMBERS = {
+_MONTH_NUMBERS = {
     "jan": 1,
     "feb": 2,
     "mar": 3,
@@ -75,8 +75,9 @@ _PAST = re.compile(
 )
 
 
-def _month_number(name: str) -> int:
-    return MONTH_NUMBERS[name[:3].casefold()]
+def month_number(name: str) -> int:
+    """1-12 for a month's name or its abbreviation ("March", "sept", "Aug")."""
+    return _MONTH_NUMBERS[name[:3].casefold()]
 
 
 def _month(year: int, month: int) -> Interval:
@@ -99,7 +100,7 @@ def question_interval(question: str, today: date) -> Interval | None:
     """The days the question names (the first time expression found), else None."""
     if match := DAY_MONTH.search(question):
         day = int(match.group("day") or match.group("day2"))
-        month = _month_number(match.group("month") or match.group("month2"))
+        month = month_number(match.group("month") or match.group("month2"))
         year = int(match.group("year")) if match.group("year") else None
         if year is None:
             year = today.year if (month, day) <= (today.month, today.day) else today.year - 1
@@ -115,7 +116,7 @@ def question_interval(question: str, today: date) -> Interval | None:
         asks_leave = re.match(r"may\s+(?:i|we|you)\b", question[match.start() :], re.IGNORECASE)
         if name.casefold() in _MODAL and (not spoken or asks_leave):
             continue
-        month = _month_number(name)
+        month = month_number(name)
         if named := match.group("year") or _year_named(question):
             return _month(int(named), month)
         year = _latest_begun(today, month)

@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterator
 from datetime import date, datetime, timedelta
 
-from inferscale_core.time_query import DAY_MONTH, MONTH_NUMBERS
+from inferscale_core.time_query import DAY_MONTH, month_number
 
 _SENTENCE = re.compile(r"[^.!?;]+[.!?;]*")  # a sentence (or a part of one after ";")
 _CLAUSE = re.compile(r"[^,.!?;:—–]+[,.!?;:—–]*")
@@ -269,7 +269,7 @@ def _named_date(text: str, when: datetime) -> date | None:
     at = _DATE_WORD.search(text)
     tense = _tense(text, at.start()) if at else ""
     if (told := DAY_MONTH.search(text)) and at and told.start() <= at.start() < told.end():
-        month = MONTH_NUMBERS[(told.group("month") or told.group("month2"))[:3].lower()]
+        month = month_number(told.group("month") or told.group("month2"))
         dom = int(told.group("day") or told.group("day2"))
         try:
             if told.group("year"):
