@@ -537,9 +537,13 @@ def _run_kv_quant(args: argparse.Namespace, console: Console) -> int:
 
     ks = _ks(args, args.k)
     schemes = parse_names(args.schemes)
-    unknown = set(schemes) - {"fp8", "int4"}
+    from bench.kv_quant_variants import names
+
+    unknown = set(schemes) - {"fp8", "int4", *names()}
     if unknown or not schemes:
-        args.parser.error(f"--schemes takes fp8 and int4; got {args.schemes!r}")
+        args.parser.error(
+            f"--schemes takes fp8, int4 and the variants {', '.join(names())}; got {args.schemes!r}"
+        )
     data = _data(args)
     runtime = _open_runtime(args, console)
     with console.status("benchmarking…") as status:
@@ -1014,7 +1018,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     kvq.add_argument("--sample", type=int, default=40, help="questions, seeded (40)")
     kvq.add_argument("--k", default="5,20,50", help="comma-separated numbers of facts")
     kvq.add_argument("--w", default="20a", help="the facts' context window (20a: anchored)")
-    kvq.add_argument("--schemes", default="fp8,int4", help="compressed schemes (fp8,int4)")
+    kvq.add_argument(
+        "--schemes",
+        default="fp8,int4",
+        help="compressed schemes (fp8,int4), and int4's variants simulated by a round trip:"
+        " sim-int4, sim-int4-minmax, sim-int4-k, sim-int4-v, sim-int4-v32, sim-int4-pre,"
+        " sim-int4-v32-pre (bench/kv_quant_variants.py)",
+    )
     kvq.add_argument("--max-tokens", type=int, default=16, help="answer length limit (16)")
     kvq.add_argument("--logprobs", type=int, default=20, help="top logprobs for the KL (20)")
     kvq.add_argument("--data", type=Path, help=data_help)

@@ -22,6 +22,7 @@ import time
 
 from bench import gpu_smollm2
 from bench.arguments import parse_ks, parse_names, parse_windows
+from bench.kv_quant_variants import names
 from bench.locomo_data import LocomoDataMissingError, require
 
 SCHEMES = ("fp8", "int4")
@@ -33,7 +34,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     gpu_smollm2.add_arguments(parser, "kvquant-gpu.json", "/tmp/smollm2-kvq")
     parser.add_argument("--k", default="5,20,50", help="comma-separated numbers of facts")
     parser.add_argument("--w", default="20a", help="the facts' context window (20a: anchored)")
-    parser.add_argument("--schemes", default=",".join(SCHEMES), help="compressed schemes")
+    parser.add_argument(
+        "--schemes", default=",".join(SCHEMES), help="compressed schemes; int4's variants (sim-*)"
+    )
     parser.add_argument("--max-tokens", type=int, default=16, help="answer length limit (16)")
     parser.add_argument("--logprobs", type=int, default=20, help="top logprobs for the KL (20)")
     args = parser.parse_args(argv)
@@ -49,8 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if len(windows) != 1:
         parser.error(f"--w takes one window; got {args.w!r}")
     args.w = windows[0]
-    if not args.schemes or set(args.schemes) - set(SCHEMES):
-        parser.error(f"--schemes takes {' and '.join(SCHEMES)}; got {','.join(args.schemes)!r}")
+    known = (*SCHEMES, *names())
+    if not args.schemes or set(args.schemes) - set(known):
+        parser.error(f"--schemes takes {', '.join(known)}; got {','.join(args.schemes)!r}")
     if not args.retrieval.is_file():
         parser.error(f"--retrieval {args.retrieval}: no such file")
     return args

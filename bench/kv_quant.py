@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from bench import kv_quant_variants as variants
 from bench import locomo_data
 from bench.arguments import window_of
 from bench.locomo import Forcing
@@ -110,21 +111,29 @@ def run_kv_quant(
         originals = {key: _owned(store.get(key)) for key in keys}
         assert all(entry.quant is None for entry in originals.values())
         on_progress(f"{len(keys)} entries for {len(chosen)} questions")
-        key_errors = key_rope_error(list(originals.values()), rope, schemes) if rope else None
+        stored = [scheme for scheme in schemes if not variants.is_variant(scheme)]
+        key_errors = key_rope_error(list(originals.values()), rope, stored) if rope else None
         cells: dict[str, dict[str, Any]] = {}
         sizes: dict[str, dict[str, float]] = {}
         run.update(entries=len(keys), sizes=sizes, cells=cells, key_error=key_errors)
         baseline: dict[tuple[str, int], Any] = {}
         for scheme in ("model", *schemes):
             on_progress(f"{scheme}: writing {len(keys)} entries")
+            simulated = variants.is_variant(scheme)
             for key in keys:
-                store.put(quantize(originals[key], scheme), scheme=scheme)
-            store.store_dtype = scheme  # in the cache salt: blocks of its own
-            sizes[scheme] = _sizes(store, keys)
+                if simulated:  # plain entries holding what the variant gives back
+                    store.put(variants.round_trip(originals[key], scheme, rope), scheme="model")
+                else:
+                    store.put(quantize(originals[key], scheme), scheme=scheme)
+            # the scheme is in the cache salt (a variant's in its scope): blocks of its own
+            store.store_dtype = "model" if simulated else scheme
+            asked = builder.scoped(scheme) if simulated else builder
+            if not simulated:
+                sizes[scheme] = _sizes(store, keys)
             for k in ks:
                 on_progress(f"{scheme}: answering {len(chosen)} questions at k={k}")
                 prompts = {
-                    q.id: builder.build(facts[q.id][-k:], _question(q), w=window_w, window=window)
+                    q.id: asked.build(facts[q.id][-k:], _question(q), w=window_w, window=window)
                     for q in chosen
                 }
                 gen = {"max_tokens": max_tokens, "logprobs": logprobs, "temperature": 0.0}
@@ -259,9 +268,11 @@ def headline(result: dict[str, Any]) -> str:
     for scheme in result["settings"]["schemes"]:
         kl = [c["kl_mean_per_token"] for n, c in cells.items() if n.startswith(scheme + "@")]
         top1 = [c["top1_agree"] for n, c in cells.items() if n.startswith(scheme + "@")]
+        size = sizes.get(scheme)
         parts.append(
-            f"{scheme}: {sizes[scheme]['smaller_than_model']:.2f}x smaller,"
-            f" KL {min(kl):.4f}-{max(kl):.4f} nats, top-1 {min(top1):.1%}-{max(top1):.1%}"
+            f"{scheme}: "
+            + (f"{size['smaller_than_model']:.2f}x smaller," if size else "simulated,")
+            + f" KL {min(kl):.4f}-{max(kl):.4f} nats, top-1 {min(top1):.1%}-{max(top1):.1%}"
         )
     return f"kvquant, {result['questions']} questions: " + "; ".join(parts)
 
@@ -277,8 +288,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     for i, scheme in enumerate(schemes):
         cells = [result["cells"][f"{scheme}@k{k}"] for k in ks]
         xs = [j + i * width for j in range(len(ks))]
-        size = result["sizes"][scheme]["smaller_than_model"]
-        label = f"{scheme} ({size:.1f}x smaller)"
+        size = result["sizes"].get(scheme)
+        label = f"{scheme} ({size['smaller_than_model']:.1f}x smaller)" if size else scheme
         left.bar(xs, [c["kl_mean_per_token"] for c in cells], width, label=label)
         right.bar(xs, [c["top1_agree"] for c in cells], width, label=label)
     axes = ((left, "mean KL(model ‖ scheme) per answer token, nats"), (right, "top-1 agreement"))
