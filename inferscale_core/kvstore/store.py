@@ -484,6 +484,7 @@ class KVStore:
                     self.host_tier.get(key)  # most recently used, in request order
                 return report
             keep = {key for key in wanted if key in device}
+            to_place: list[tuple[str, FactKV]] = []  # (source tier, entry)
             for key in wanted:
                 if key in device:
                     device.touch(key)
@@ -493,11 +494,13 @@ class KVStore:
                 source, entry = ("disk", loaded[key]) if key in loaded else ("host", hosted)
                 if entry is None or self._versions.get(key, 0) != versions[key]:
                     continue  # missing, or deleted/replaced meanwhile
-                if device.place(entry, keep, self._demote):
-                    keep.add(key)
+                to_place.append((source, entry))
+            placed = device.place_many([entry for _, entry in to_place], keep, self._demote)
+            for (source, entry), done in zip(to_place, placed, strict=True):
+                if done:
                     report.moved[source] = report.moved.get(source, 0) + entry.nbytes
                 else:
-                    report.skipped.append(key)
+                    report.skipped.append(entry.key)
         return report
 
     def where(self, key: str) -> list[str]:

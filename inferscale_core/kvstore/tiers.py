@@ -205,6 +205,32 @@ _PACKED = attrgetter("packed")
 _MIXED_ROW = attrgetter("mixed_row")
 
 
+def _resident(
+    resident: FactKV, entry: FactKV, offset: int, size: int, offsets: dict[str, int]
+) -> _Resident:
+    """The record of ``entry`` placed at ``offset`` (``resident``: its views in the pool;
+    ``offsets``: its tensors' byte offsets in the region)."""
+    v_offset = offset + offsets["v"]
+    layers, tokens, heads, dim = entry.k.shape
+    layout: EntryLayout | None = (entry.k.dtype, layers, heads, dim)
+    packed: PackedLayout | None = None
+    row: tuple[int, ...] = (offset, v_offset, tokens, 0, 0, 0, 0, 0)
+    if (quant := entry.quant) is not None:
+        layout = None  # read in place by the mixed kernel (mixed_spans) only
+        if quant.k_dim == quant.v_dim:
+            ks, vs = offset + offsets["k_scale"], offset + offsets["v_scale"]
+            kz = offset + offsets["k_zero"] if "k_zero" in offsets else ks
+            vz = offset + offsets["v_zero"] if "v_zero" in offsets else vs
+            groups = quant.v_scale.shape[-1]
+            scale_dtype = quant.k_scale.dtype
+            packed = (quant.scheme, entry.k.dtype, scale_dtype, layers, heads, quant.k_dim,
+                      groups)  # fmt: skip
+            row = (offset, v_offset, tokens, 1, ks, kz, vs, vz)
+    elif (entry.v.shape, entry.v.dtype) != (entry.k.shape, entry.k.dtype):
+        layout = None  # not readable in place as one kind of entry; views still are
+    return _Resident(resident, offset, size, v_offset, tokens, layout, packed, row)
+
+
 class DeviceTier:
     """Entries in one preallocated ``budget``-byte buffer on ``device``, LRU-evicted.
 
@@ -337,72 +363,77 @@ class DeviceTier:
         Each victim goes to ``demote(key, views)`` before its region is reused. False if the
         entry cannot fit (bigger than the tier, or the tier is full of ``keep``).
         """
+        return self.place_many([entry], keep, demote)[0]
+
+    def place_many(self, entries: Sequence[FactKV], keep: set[str], demote: Demote) -> list[bool]:
+        """:meth:`place` for each of ``entries`` in turn (one placed is kept while the next are
+        placed), their copies issued together: on CUDA one wait for the current
+        stream, one switch to the side stream and one event for all, not one each (a prefetch
+        of 50 entries from host RAM is CPU time on the request's path)."""
         align = self.allocator.align
-        placed = entry_layout(entry, align)  # offsets in the region, its size
-        size = placed[1]
-        self.remove(entry.key)
+        keep = set(keep)  # the caller's set stays as it was
         kept = sum(self._entries[k].size for k in keep if k in self._entries)
+        copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        placed_keys: list[str] = []
+        done: list[bool] = []
+        for entry in entries:
+            placed = entry_layout(entry, align)  # offsets in the region, its size
+            size = placed[1]
+            if (old := self._entries.get(entry.key)) is not None:
+                kept -= old.size if entry.key in keep else 0
+                self.remove(entry.key)
+            offset = self._allocate(size, kept, keep, demote)
+            if offset is None:
+                done.append(False)
+                continue
+            pool = self._ensure_pool()
+            region = pool[offset : offset + size]
+            source = region_of(entry, align, placed)
+            resident = views(region, entry, align, placed)
+            if source is not None:  # K, V and any scales in one region: one copy
+                copies.append((region, source))
+            else:
+                targets = entry_tensors(resident).values()
+                copies.extend(zip(targets, entry_tensors(entry).values(), strict=True))
+            self._entries[entry.key] = _resident(resident, entry, offset, size, placed[0])
+            self.used += size
+            keep.add(entry.key)
+            kept += size
+            placed_keys.append(entry.key)
+            done.append(True)
+        if not copies:
+            return done
+        if self._stream is None:
+            for dst, src in copies:
+                dst.copy_(src)
+            return done
+        # the regions' last readers ran on the current stream: copy in after them
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._stream):
+            for dst, src in copies:
+                dst.copy_(src, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record(self._stream)
+        for key in placed_keys:
+            self._entries[key].ready = ready
+        self._copying.update(placed_keys)
+        return done
+
+    def _allocate(self, size: int, kept: int, keep: set[str], demote: Demote) -> int | None:
+        """An offset for ``size`` bytes, evicting least recently used entries not in ``keep``
+        (``kept``: the bytes those hold); None if they cannot make room."""
         if size > self.allocator.free_bytes + self.used - kept:  # used - kept: evictable
-            return False
+            return None
         while (offset := self.allocator.alloc(size)) is None:
             victim = next((k for k in self._entries if k not in keep), None)
             if victim is None:  # fragmented by the kept regions
-                return False
+                return None
             res = self._entries[victim]
             if res.ready is not None:
                 res.ready.synchronize()
             demote(victim, res.entry)
             self.remove(victim)
-        pool = self._ensure_pool()
-        # K, then V, then a compressed entry's scales, each aligned: the host tier's layout,
-        # so an entry from there (one region) crosses as one copy
-        offsets = {name: offset + at for name, at in placed[0].items()}
-        region = pool[offset : offset + size]
-        source = region_of(entry, align, placed)
-        resident = views(region, entry, align, placed)
-        copies = (
-            [(region, source)]
-            if source is not None
-            else list(
-                zip(entry_tensors(resident).values(), entry_tensors(entry).values(), strict=True)
-            )
-        )
-        ready = None
-        if self._stream is not None:
-            # the region's last readers ran on the current stream: copy in after them
-            self._stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(self._stream):
-                for dst, src in copies:
-                    dst.copy_(src, non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record(self._stream)
-        else:
-            for dst, src in copies:
-                dst.copy_(src)
-        v_offset = offsets["v"]
-        layers, tokens, heads, dim = entry.k.shape
-        layout: EntryLayout | None = (entry.k.dtype, layers, heads, dim)
-        packed: PackedLayout | None = None
-        row: tuple[int, ...] = (offset, v_offset, tokens, 0, 0, 0, 0, 0)
-        if (quant := entry.quant) is not None:
-            layout = None  # read in place by the mixed kernel (mixed_spans) only
-            if quant.k_dim == quant.v_dim:
-                ks, vs = offsets["k_scale"], offsets["v_scale"]
-                kz, vz = offsets.get("k_zero", ks), offsets.get("v_zero", vs)
-                groups = quant.v_scale.shape[-1]
-                scale_dtype = quant.k_scale.dtype
-                packed = (quant.scheme, entry.k.dtype, scale_dtype, layers, heads, quant.k_dim,
-                          groups)  # fmt: skip
-                row = (offset, v_offset, tokens, 1, ks, kz, vs, vz)
-        elif (entry.v.shape, entry.v.dtype) != (entry.k.shape, entry.k.dtype):
-            layout = None  # not readable in place as one kind of entry; views still are
-        self._entries[entry.key] = _Resident(
-            resident, offset, size, v_offset, tokens, layout, packed, row, ready
-        )
-        if ready is not None:
-            self._copying.add(entry.key)
-        self.used += size
-        return True
+        return offset
 
     def remove(self, key: str) -> bool:
         res = self._entries.pop(key, None)
