@@ -1022,8 +1022,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--schemes",
         default="fp8,int4",
         help="compressed schemes (fp8,int4), and int4's variants simulated by a round trip:"
-        " sim-int4, sim-int4-minmax, sim-int4-k, sim-int4-v, sim-int4-v32, sim-int4-pre,"
-        " sim-int4-v32-pre (bench/kv_quant_variants.py)",
+        " sim-int4, sim-int4-k4, sim-int4-minmax, sim-int4-k, sim-int4-v, sim-int4-pre"
+        " (bench/kv_quant_variants.py)",
     )
     kvq.add_argument("--max-tokens", type=int, default=16, help="answer length limit (16)")
     kvq.add_argument("--logprobs", type=int, default=20, help="top logprobs for the KL (20)")

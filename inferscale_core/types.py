@@ -109,10 +109,15 @@ class KVQuant:
     v_scale: torch.Tensor  # [L, T, H, G]: per token, G groups of a head's channels
     k_zero: torch.Tensor | None = None  # int4: the minimum, shaped as k_scale
     v_zero: torch.Tensor | None = None  # int4: shaped as v_scale
+    # int4, the widest key channels in 8 bits: each one's low 4 bits (uint8 [L, T, H, W/2],
+    # two a byte as the codes), and each channel's slot among them (uint8 [L, 1, H, D]; 255:
+    # a 4-bit channel). Its 4-bit code is then the high half, and its scale 16 steps.
+    k_fine: torch.Tensor | None = None
+    k_slot: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
-        parts = (self.k_scale, self.v_scale, self.k_zero, self.v_zero)
+        parts = (self.k_scale, self.v_scale, self.k_zero, self.v_zero, self.k_fine, self.k_slot)
         return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
 

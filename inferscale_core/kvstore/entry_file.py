@@ -7,7 +7,8 @@ headers (token ids, fingerprint, shape), the worker side the tensors. Writes are
 
 Version 3 stores the entry's scheme (``model``, ``fp8`` or ``int4``, see
 :mod:`~inferscale_core.kvstore.quant`) with the scales of a compressed one (``k_scale``,
-``v_scale``, and for int4 ``k_zero``, ``v_zero``), and a CRC-32 of every tensor's bytes. A
+``v_scale``, and for int4 ``k_zero``, ``v_zero`` and, for its 8-bit key channels, ``k_fine``,
+``k_slot``), and a CRC-32 of every tensor's bytes. A
 file that is cut short, whose header is not an entry's, whose shapes disagree with its token
 ids and scheme, or whose bytes do not match their checksum, is refused with
 :class:`EntryCorruptError` (an :class:`EntryMissingError`: the fact then goes in as text).
@@ -35,7 +36,7 @@ from safetensors.torch import save
 
 from inferscale_core.files import TEMP_PREFIX, write_atomic
 from inferscale_core.kvstore import region
-from inferscale_core.kvstore.quant import SCHEMES, entry_tensors
+from inferscale_core.kvstore.quant import SCHEMES, entry_tensors, wide_channels
 from inferscale_core.types import FactKV, KVQuant
 
 # /3: a scheme (model | fp8 | int4), scales, a checksum; /2: post-RoPE keys with their origin
@@ -212,7 +213,7 @@ def read_entry(header: EntryHeader, path: Path, pin: bool = False) -> FactKV:
             tensors, crc = _read_tensors(key, fh, pin)
     except FileNotFoundError:
         raise EntryMissingError(key) from None
-    if set(tensors) != _QUANT_NAMES.get(header.scheme, _NAMES):
+    if not _names_fit(set(tensors), header.scheme):
         raise EntryCorruptError(key, f"tensors {sorted(tensors)} for scheme {header.scheme!r}")
     if header.crc32 is not None and crc != header.crc32:
         raise EntryCorruptError(key, "its bytes do not match their checksum")
@@ -285,6 +286,13 @@ _THREAD = threading.local()  # each reader thread's buffer for first reads
 _NAMES = {"k", "v"}
 _QUANT_NAMES = {"fp8": _NAMES | {"k_scale", "v_scale"}}
 _QUANT_NAMES["int4"] = _QUANT_NAMES["fp8"] | {"k_zero", "v_zero"}
+# int4 with its widest key channels in 8 bits (since 2026-12-06; int4 files without them read)
+_INT4_WIDE = _QUANT_NAMES["int4"] | {"k_fine", "k_slot"}
+
+
+def _names_fit(names: set[str], scheme: str) -> bool:
+    """Whether a file of ``scheme`` may hold tensors of these ``names``."""
+    return names == _QUANT_NAMES.get(scheme, _NAMES) or (scheme == "int4" and names == _INT4_WIDE)
 
 
 def _parse_header(key: str, meta: dict[str, str], info: dict[str, dict]) -> EntryHeader:
@@ -292,7 +300,7 @@ def _parse_header(key: str, meta: dict[str, str], info: dict[str, dict]) -> Entr
     scheme = meta.get("scheme", "model")
     if scheme not in SCHEMES:
         raise EntryCorruptError(key, f"an unknown scheme {scheme!r}")
-    if set(info) != _QUANT_NAMES.get(scheme, _NAMES):
+    if not _names_fit(set(info), scheme):
         raise EntryCorruptError(key, f"tensors {sorted(info)} for scheme {scheme!r}")
     shape = json.loads(meta["shape"]) if "shape" in meta else info["k"]["shape"]
     if len(shape) != 4 or not all(isinstance(n, int) and n >= 0 for n in shape):
@@ -431,7 +439,20 @@ def _entry_of(header: EntryHeader, tensors: dict[str, torch.Tensor]) -> FactKV:
             tensors["v_scale"],
             tensors.get("k_zero"),
             tensors.get("v_zero"),
+            tensors.get("k_fine"),
+            tensors.get("k_slot"),
         )
+    fine, slot = tensors.get("k_fine"), tensors.get("k_slot")
+    if fine is not None and slot is not None:  # the kernels index by these shapes
+        layers, tokens, heads, dims = header.shape
+        wide = wide_channels(dims)
+        if tuple(fine.shape) != (layers, tokens, heads, wide // 2) or tuple(slot.shape) != (
+            layers,
+            1,
+            heads,
+            dims,
+        ):
+            raise EntryCorruptError(header.key, "its 8-bit key channels' shapes are not its own")
     try:
         return FactKV(
             header.key,

@@ -20,7 +20,7 @@ from inferscale_core.types import FactKV
 ALIGN = 256
 """Where each tensor of a region starts (bytes, from the region's start): the pool's too."""
 
-ORDER = ("k", "v", "k_scale", "v_scale", "k_zero", "v_zero")
+ORDER = ("k", "v", "k_scale", "v_scale", "k_zero", "v_zero", "k_fine", "k_slot")
 """The tensors' order in a region (:func:`~inferscale_core.kvstore.quant.entry_tensors`')."""
 
 

@@ -165,8 +165,8 @@ class ExtentAllocator:
 # What a kernel needs to know to read an entry in place: (dtype, layers, kv_heads, head_dim).
 EntryLayout = tuple[torch.dtype, int, int, int]
 # ... and a compressed one: (scheme, code dtype, scale dtype, layers, kv_heads, head_dim,
-# value scale groups per head).
-PackedLayout = tuple[str, torch.dtype, torch.dtype, int, int, int, int]
+# value scale groups per head, key channels in 8 bits per head (int4; else 0)).
+PackedLayout = tuple[str, torch.dtype, torch.dtype, int, int, int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,10 +176,10 @@ class MixedSpans:
     kernel reads in place, described by numbers only."""
 
     pool: torch.Tensor  # uint8 [bytes]
-    rows: np.ndarray  # int64 [keys, 8]: K, V byte offsets, tokens, compressed (1) or not (0),
+    rows: np.ndarray  # int64 [keys, 10]: K, V byte offsets, tokens, compressed (1) or not (0),
     #                   then byte offsets of the key scale, key minimum, value scale, value
     #                   minimum (compressed rows: the minimums repeat the scales under fp8;
-    #                   plain rows: 0)
+    #                   plain rows: 0), of the 8-bit key channels' low bits and slots (-1: none)
     plain: EntryLayout | None  # the plain entries' layout (None: there are none)
     packed: PackedLayout  # the compressed entries' layout
 
@@ -214,18 +214,21 @@ def _resident(
     layers, tokens, heads, dim = entry.k.shape
     layout: EntryLayout | None = (entry.k.dtype, layers, heads, dim)
     packed: PackedLayout | None = None
-    row: tuple[int, ...] = (offset, v_offset, tokens, 0, 0, 0, 0, 0)
+    row: tuple[int, ...] = (offset, v_offset, tokens, 0, 0, 0, 0, 0, -1, -1)
     if (quant := entry.quant) is not None:
         layout = None  # read in place by the mixed kernel (mixed_spans) only
         if quant.k_dim == quant.v_dim:
             ks, vs = offset + offsets["k_scale"], offset + offsets["v_scale"]
             kz = offset + offsets["k_zero"] if "k_zero" in offsets else ks
             vz = offset + offsets["v_zero"] if "v_zero" in offsets else vs
+            kf = offset + offsets["k_fine"] if "k_fine" in offsets else -1
+            kl = offset + offsets["k_slot"] if "k_slot" in offsets else -1
             groups = quant.v_scale.shape[-1]
             scale_dtype = quant.k_scale.dtype
+            wide = 0 if quant.k_fine is None else 2 * quant.k_fine.shape[-1]
             packed = (quant.scheme, entry.k.dtype, scale_dtype, layers, heads, quant.k_dim,
-                      groups)  # fmt: skip
-            row = (offset, v_offset, tokens, 1, ks, kz, vs, vz)
+                      groups, wide)  # fmt: skip
+            row = (offset, v_offset, tokens, 1, ks, kz, vs, vz, kf, kl)
     elif (entry.v.shape, entry.v.dtype) != (entry.k.shape, entry.k.dtype):
         layout = None  # not readable in place as one kind of entry; views still are
     return _Resident(resident, offset, size, v_offset, tokens, layout, packed, row)
@@ -342,8 +345,8 @@ class DeviceTier:
         ):
             return None
         self._used(keys)
-        rows = np.fromiter(chain.from_iterable(map(_MIXED_ROW, found)), np.int64, 8 * len(found))
-        return MixedSpans(self._pool, rows.reshape(len(found), 8), layout, packed)
+        rows = np.fromiter(chain.from_iterable(map(_MIXED_ROW, found)), np.int64, 10 * len(found))
+        return MixedSpans(self._pool, rows.reshape(len(found), 10), layout, packed)
 
     def _used(self, keys: Sequence[str]) -> None:
         """Mark resident ``keys`` most recently used, in order, and order their copies in

@@ -50,8 +50,11 @@ SCHEMES = {"fp8": 1, "int4": 2}
     _KZ_OFF,
     _VS_OFF,  # value scale of (layer 0, src_start, head 0, group 0)
     _VZ_OFF,
+    _KF_OFF,  # int4: the 8-bit key channels' low bits of (layer 0, src_start)
+    _KL_OFF,  # int4: their slots (layer 0, head 0, channel 0)
+    _FINE,  # 1: the piece has 8-bit key channels (offsets are signed: no sentinel)
     _ROWS,
-) = range(11)
+) = range(14)
 
 
 class StoredPiece(NamedTuple):
@@ -77,6 +80,8 @@ if triton is not None:
         k_zero,
         v_scale,
         v_zero,
+        k_fine,
+        k_slot,
         table,
         pieces,
         dst,
@@ -100,10 +105,11 @@ if triton is not None:
         NEOX: tl.constexpr,
         SCHEME: tl.constexpr,  # 1 fp8, 2 int4 (of the compressed pieces)
         GROUPS: tl.constexpr,  # value scales per head
+        WIDE: tl.constexpr,  # int4 key channels in 8 bits per head (0: none)
     ):
         t = tl.program_id(0)
         layer = tl.program_id(1).to(tl.int64)
-        p = tl.load(table + 10 * pieces + t)
+        p = tl.load(table + 13 * pieces + t)
         within = t - tl.load(table + 3 * pieces + p)
         entry_tokens = tl.load(table + 2 * pieces + p)
         angle_row = reach + tl.load(table + 4 * pieces + p)
@@ -111,7 +117,7 @@ if triton is not None:
         k_off = tl.load(table + 0 * pieces + p)
         v_off = tl.load(table + 1 * pieces + p)
         position = start + t
-        block_id = tl.load(table + 10 * pieces + tokens + position // block_size)
+        block_id = tl.load(table + 13 * pieces + tokens + position // block_size)
 
         h = tl.arange(0, HEADS_P2)[:, None]  # [heads, 1]
         d = tl.arange(0, DIM_P2)[None, :]  # [1, dim]
@@ -152,16 +158,42 @@ if triton is not None:
                 kz_at = k_zero + tl.load(table + 7 * pieces + p) + layer * (HEADS * DIM) + h * DIM
                 byte = tl.load(nibbles_at + d % hd, mask=inside, other=0).to(tl.int32)
                 x = ((byte >> (4 * (d // hd))) & 15).to(tl.float32)
-                x = x * tl.load(ks_at + d, mask=inside, other=0.0).to(tl.float32) + tl.load(
-                    kz_at + d, mask=inside, other=0.0
-                ).to(tl.float32)
+                ks_d = tl.load(ks_at + d, mask=inside, other=0.0).to(tl.float32)
+                x = x * ks_d + tl.load(kz_at + d, mask=inside, other=0.0).to(tl.float32)
                 pbyte = tl.load(nibbles_at + partner % hd, mask=inside & rotated, other=0).to(
                     tl.int32
                 )
                 xp = ((pbyte >> (4 * (partner // hd))) & 15).to(tl.float32)
-                xp = xp * tl.load(ks_at + partner, mask=inside & rotated, other=0.0).to(
+                ks_p = tl.load(ks_at + partner, mask=inside & rotated, other=0.0).to(tl.float32)
+                xp = xp * ks_p + tl.load(kz_at + partner, mask=inside & rotated, other=0.0).to(
                     tl.float32
-                ) + tl.load(kz_at + partner, mask=inside & rotated, other=0.0).to(tl.float32)
+                )
+                if WIDE > 0:  # the 8-bit channels: add their low 4 bits, each a step (scale/16)
+                    kf_off = tl.load(table + 10 * pieces + p)
+                    if tl.load(table + 12 * pieces + p) != 0:
+                        wh: tl.constexpr = WIDE // 2
+                        fine_at = (
+                            k_fine
+                            + kf_off
+                            + within * (HEADS * wh)
+                            + layer * (entry_tokens * HEADS * wh)
+                            + h * wh
+                        )
+                        slots_at = (
+                            k_slot
+                            + tl.load(table + 11 * pieces + p)
+                            + layer * (HEADS * DIM)
+                            + h * DIM
+                        )
+                        sl = tl.load(slots_at + d, mask=inside, other=255).to(tl.int32)
+                        fine = tl.load(fine_at + sl % wh, mask=inside & (sl < 255), other=0)
+                        low = ((fine.to(tl.int32) >> (4 * (sl // wh))) & 15).to(tl.float32)
+                        x += tl.where(sl < 255, low * ks_d * 0.0625, 0.0)
+                        slp = tl.load(slots_at + partner, mask=inside & rotated, other=255)
+                        slp = slp.to(tl.int32)
+                        pfine = tl.load(fine_at + slp % wh, mask=inside & (slp < 255), other=0)
+                        plow = ((pfine.to(tl.int32) >> (4 * (slp // wh))) & 15).to(tl.float32)
+                        xp += tl.where(slp < 255, plow * ks_p * 0.0625, 0.0)
                 vbyte = tl.load(code_v + v_off + row + h * hd + d % hd, mask=inside, other=0)
                 v = ((vbyte.to(tl.int32) >> (4 * (d // hd))) & 15).to(tl.float32)
                 vz_row = (
@@ -237,7 +269,13 @@ def inject_mixed(
         "k_zero": q.k_zero if q.k_zero is not None else q.k_scale,
         "v_scale": q.v_scale,
         "v_zero": q.v_zero if q.v_zero is not None else q.v_scale,
+        "k_fine": first.k,  # placeholders unless a piece has 8-bit key channels
+        "k_slot": first.k,
     }
+    fine = next((e.quant for e in packed if e.quant.k_fine is not None), None)  # type: ignore[union-attr]
+    if fine is not None:
+        bases["k_fine"], bases["k_slot"] = fine.k_fine, fine.k_slot
+    wide = 0 if fine is None else 2 * fine.k_fine.shape[-1]  # type: ignore[union-attr]
     groups = q.v_scale.shape[-1]
     codes_per_row = dim // 2 if scheme == "int4" else dim
     info = np.zeros((len(pieces), _ROWS), dtype=np.int64)
@@ -262,8 +300,15 @@ def inject_mixed(
             info[i, _VZ_OFF] = (
                 _offset(eq.v_zero, bases["v_zero"]) + piece.src_start * heads * groups
             )
+        if eq.k_fine is not None and eq.k_slot is not None:
+            if 2 * eq.k_fine.shape[-1] != wide:
+                raise ValueError("the compressed pieces of one request have 8-bit key channels")
+            at = piece.src_start * heads * (wide // 2)
+            info[i, _KF_OFF] = _offset(eq.k_fine, bases["k_fine"]) + at
+            info[i, _KL_OFF] = _offset(eq.k_slot, bases["k_slot"])
+            info[i, _FINE] = 1
     lengths = np.array([p.src_end - p.src_start for p in pieces], dtype=np.int64)
-    _launch(injector, bases, info, lengths, start, tokens, block_ids, scheme, groups)
+    _launch(injector, bases, info, lengths, start, tokens, block_ids, scheme, groups, wide)
 
 
 def inject_mixed_in_place(
@@ -280,7 +325,7 @@ def inject_mixed_in_place(
     ~1.3 s of a step's host time)."""
     if tokens == 0:
         return
-    scheme, code_dtype, scale_dtype, layers, heads, dim, groups = spans.packed
+    scheme, code_dtype, scale_dtype, layers, heads, dim, groups, wide = spans.packed
     if (layers, heads, dim) != (len(injector.caches), injector.kv_heads, injector.head_dim):
         raise ValueError(
             f"stored entries of {layers} layers x {heads} heads x {dim} do not fit"
@@ -300,13 +345,15 @@ def inject_mixed_in_place(
         "k_zero": injector.pool_view(pool, scale_dtype),
         "v_scale": injector.pool_view(pool, scale_dtype),
         "v_zero": injector.pool_view(pool, scale_dtype),
+        "k_fine": injector.pool_view(pool, torch.uint8),
+        "k_slot": injector.pool_view(pool, torch.uint8),
     }
     where = np.array(list(map(_DST_SRC_START_END_SHIFT, pieces)), dtype=np.int64)
     where = where.reshape(len(pieces), 4)
     src = where[:, 1]
     quant = rows[:, 3]
     size = np.where(quant == 1, code_dtype.itemsize, plain_dtype.itemsize)
-    if (rows[:, :2] % size[:, None]).any() or (rows[:, 4:] % scale_dtype.itemsize).any():
+    if (rows[:, :2] % size[:, None]).any() or (rows[:, 4:8] % scale_dtype.itemsize).any():
         raise ValueError("entry start not aligned to its element size")
     if (src < 0).any() or (where[:, 2] > rows[:, 2]).any():
         raise ValueError("a piece reaches outside its entry")
@@ -324,13 +371,17 @@ def inject_mixed_in_place(
     info[:, _KZ_OFF] = rows[:, 5] // scale_size
     info[:, _VS_OFF] = rows[:, 6] // scale_size + src * heads * groups * quant
     info[:, _VZ_OFF] = rows[:, 7] // scale_size + src * heads * groups * quant
+    fine = rows[:, 8] >= 0  # uint8 tensors: byte offsets are element offsets
+    info[:, _KF_OFF] = np.where(fine, rows[:, 8] + src * heads * (wide // 2), 0)
+    info[:, _KL_OFF] = np.where(fine, rows[:, 9], 0)
+    info[:, _FINE] = fine
     lengths = where[:, 2] - src
-    _launch(injector, bases, info, lengths, start, tokens, block_ids, scheme, groups)
+    _launch(injector, bases, info, lengths, start, tokens, block_ids, scheme, groups, wide)
 
 
 def _launch(
     injector: FusedInjector,
-    bases: dict[str, torch.Tensor],  # plain K, V, codes K, V, then the four scale tensors
+    bases: dict[str, torch.Tensor],  # plain K, V, codes K, V, the four scales, fine, slots
     info: np.ndarray,  # int64 [pieces, _ROWS] (in any order)
     lengths: np.ndarray,  # int64 [pieces]: each piece's tokens
     start: int,
@@ -338,6 +389,7 @@ def _launch(
     block_ids: Sequence[int],
     scheme: str,
     groups: int,
+    wide: int = 0,
 ) -> None:
     """Check that the pieces tile the span, lay out the kernel's table and launch it."""
     order = np.argsort(info[:, _DST_AT], kind="stable")
@@ -382,13 +434,14 @@ def _launch(
         **injector._constexprs,
         SCHEME=SCHEMES[scheme],
         GROUPS=groups,
+        WIDE=wide,
         num_warps=4,
     )
 
 
 def _tensors(entry: FactKV) -> list[torch.Tensor]:
     q = entry.quant
-    scales = () if q is None else (q.k_scale, q.k_zero, q.v_scale, q.v_zero)
+    scales = () if q is None else (q.k_scale, q.k_zero, q.v_scale, q.v_zero, q.k_fine, q.k_slot)
     return [entry.k, entry.v, *(t for t in scales if t is not None)]
 
 

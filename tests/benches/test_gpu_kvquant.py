@@ -92,8 +92,8 @@ def test_gpu_kvquant_arguments_fail_before_the_model_unpacks(tmp_path: Path, cap
         200,
     )
     assert gpu_kvquant.parse_args(_argv(tmp_path, "--w", "20", "--schemes", "int4")).w == 20
-    variants = gpu_kvquant.parse_args(_argv(tmp_path, "--schemes", "int4,sim-int4-v32,sim-int4-k"))
-    assert variants.schemes == ["int4", "sim-int4-v32", "sim-int4-k"]
+    variants = gpu_kvquant.parse_args(_argv(tmp_path, "--schemes", "int4,sim-int4-k4,sim-int4-k"))
+    assert variants.schemes == ["int4", "sim-int4-k4", "sim-int4-k"]
     for bad, why in [
         (["--k", "0,5"], "--k needs numbers of facts >= 1"),
         (["--k", "five"], "--k takes comma-separated whole numbers"),

@@ -41,20 +41,20 @@ def test_each_variant_changes_what_it_says_and_nothing_else():
     assert torch.equal(keys_only.v, entry.v) and not torch.equal(keys_only.k, entry.k)
     assert torch.equal(values_only.k, entry.k) and not torch.equal(values_only.v, entry.v)
     assert keys_only.k.dtype == torch.bfloat16 and keys_only.origin == 11
-    fitted = variants.round_trip(entry, "sim-int4", SPEC)
+    product = variants.round_trip(entry, "sim-int4", SPEC)
+    four_bit = variants.round_trip(entry, "sim-int4-k4", SPEC)
     minmax = variants.round_trip(entry, "sim-int4-minmax", SPEC)
-    finer = variants.round_trip(entry, "sim-int4-v32", SPEC)
     pre = variants.round_trip(entry, "sim-int4-pre", SPEC)
-    assert _error(fitted.v, entry.v) < _error(minmax.v, entry.v)
-    assert _error(finer.v, entry.v) < _error(fitted.v, entry.v)
-    assert torch.equal(finer.k, fitted.k)
-    assert _error(pre.k, entry.k) < _error(fitted.k, entry.k)  # the outlier channel, pre-RoPE
-    assert torch.equal(pre.v, fitted.v)
+    assert _error(product.k, entry.k) < _error(four_bit.k, entry.k)  # 8-bit wide channels
+    assert torch.equal(product.v, four_bit.v)
+    assert _error(four_bit.v, entry.v) < _error(minmax.v, entry.v)  # fitted ranges
+    assert _error(pre.k, entry.k) < _error(four_bit.k, entry.k)  # the outlier channel, pre-RoPE
+    assert torch.equal(pre.v, four_bit.v)
 
 
 def test_unknown_variants_and_pre_rope_without_a_rope_are_refused():
     with pytest.raises(ValueError, match="unknown variant 'sim-int8'"):
         variants.round_trip(_entry(), "sim-int8", SPEC)
     with pytest.raises(ValueError, match="needs the model's RoPE"):
-        variants.round_trip(_entry(), "sim-int4-v32-pre", None)
-    assert "sim-int4-v32-pre" in variants.names() and not variants.is_variant("int4")
+        variants.round_trip(_entry(), "sim-int4-pre", None)
+    assert "sim-int4-k4" in variants.names() and not variants.is_variant("int4")

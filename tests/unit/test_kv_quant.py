@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+from dataclasses import replace
 
 import pytest
 import torch
@@ -76,22 +77,27 @@ def test_codes_expand_within_their_step(scheme):
 
 
 def test_int4_fits_each_slice_no_worse_than_its_min_max_range():
-    """The fitted ranges (clipped, refitted) leave each key channel and each value group at most
-    min-max's squared error, and less over the entry."""
+    """Fitted ranges (refitted, and clipped where asked) leave each slice at most min-max's
+    squared error, and less over the tensor; the entry's values use the default fit."""
     entry = _entry(tokens=40)
-    entry.k[0, 5, 0, 7] = 25.0  # one outlier token in a channel: clipping it pays
+    keys = entry.k.clone()
+    keys[0, 5, 0, 7] = 25.0  # one outlier token in a channel: clipping it pays
+
+    def error(fit):
+        return (fit[0].float() * fit[1].float() + fit[2].float() - keys).square().sum(dim=1)
+
+    minmax = error(int4_fit(keys, dim=1, clips=(), refits=0))
+    for clips, refits in (((), 1), ((0.9, 0.8), 2)):
+        fitted = error(int4_fit(keys, dim=1, clips=clips, refits=refits))
+        assert (fitted <= minmax * (1 + 1e-5) + 1e-9).all()
+        assert fitted.sum() < (0.97 if not clips else 0.9) * minmax.sum()
     back = dequantize(quantize(entry, "int4"))
-    minmax = int4_fit(entry.k, dim=1, clips=(), refits=0)
-    k_ref = (minmax[0].float() * minmax[1].float() + minmax[2].float() - entry.k).square()
-    k_err = (back.k - entry.k).square()
-    assert (k_err.sum(dim=1) <= k_ref.sum(dim=1) * (1 + 1e-5) + 1e-9).all()
-    assert k_err.sum() < 0.95 * k_ref.sum()
     values = entry.v.reshape(4, 40, 3, 1, 64)
     minmax = int4_fit(values, dim=-1, clips=(), refits=0)
     v_ref = (minmax[0].float() * minmax[1].float() + minmax[2].float() - values).square()
     v_err = (back.v.reshape(values.shape) - values).square()
     assert (v_err.sum(dim=-1) <= v_ref.sum(dim=-1) * (1 + 1e-5) + 1e-9).all()
-    assert v_err.sum() < 0.95 * v_ref.sum()
+    assert v_err.sum() < 0.97 * v_ref.sum()
 
 
 @pytest.mark.parametrize("scheme", ["fp8", "int4"])
@@ -114,10 +120,44 @@ def test_bytes_per_fact_for_the_two_shapes_that_matter():
     # Llama-3.1-8B in bf16 (the GPU): 32 layers, 8 KV heads of 128
     llama = [stored_nbytes(s, 32, 49, 8, 128, 128, 2) for s in ("model", "fp8", "int4")]
     assert llama[0] == 49 * 128 * 1024  # 128 KiB a token
-    # the issue's "<= 2.0 MB per 8B fact": 1.84 MB, 3.5x (the scales are 8% of it)
-    assert llama[2] <= 2.0e6 and llama[0] / llama[2] >= 3.45
+    # the issue's "<= 2.0 MB per 8B fact": 1.97 MB, 3.26x (scales 8%, the 8-bit key
+    # channels' low bits and slots 7%)
+    assert llama[2] <= 2.0e6 and llama[0] / llama[2] >= 3.25
     entry = quantize(_entry(layers=30, tokens=49, heads=3), "int4")
     assert entry.nbytes == smol[2]
+    assert entry.quant.k_fine.shape == (30, 49, 3, 4) and entry.quant.k_slot.shape == (30, 1, 3, 64)
+
+
+def test_the_widest_key_channels_keep_8_bits():
+    """The widest eighth of each head's key channels (here the outlier channel 3 among them)
+    expand to within half an 8-bit step; the others to within half a 4-bit step."""
+    entry = _entry(tokens=30)
+    packed = quantize(entry, "int4")
+    q = packed.quant
+    slot = q.k_slot[:, 0].long()  # [L, H, D]
+    wide = slot < 255
+    assert (wide.sum(dim=-1) == 8).all() and wide[..., 3].all()
+    assert (slot[wide].reshape(4, 3, 8) == torch.arange(8)).all()  # slots in channel order
+    back = dequantize(packed)
+    err = (back.k - entry.k).abs()  # [L, T, H, D]
+    fine_step = q.k_scale.float() / 16
+    assert (err <= 0.5 * fine_step + 1e-4 * entry.k.abs().amax())[
+        wide[:, None].expand_as(err)
+    ].all()
+    # without the low bits the outlier channel would be off by up to 16 of its steps
+    plain = dequantize(replace(packed, quant=replace(q, k_fine=None, k_slot=None)))
+    assert (plain.k - entry.k)[..., 3].abs().max() > 2 * err[..., 3].max()
+
+
+def test_int4_files_without_8_bit_key_channels_are_still_read(tmp_path):
+    store = KVStore(tmp_path / "kv", fingerprint=FP)
+    packed = quantize(_entry(), "int4")
+    old = replace(packed, quant=replace(packed.quant, k_fine=None, k_slot=None))
+    store.put(old, scheme="int4")
+    store.host_tier.pop("fact-a")
+    back = store.get("fact-a")
+    assert back.quant.k_fine is None
+    assert torch.equal(dequantize(back).k, dequantize(old).k)
 
 
 def test_the_store_writes_compressed_entries_and_reads_them_back(tmp_path):
@@ -134,8 +174,8 @@ def test_the_store_writes_compressed_entries_and_reads_them_back(tmp_path):
     assert torch.equal(dequantize(read).k, expected.k) and torch.equal(
         dequantize(read).v, expected.v
     )
-    # 9 tokens: the per-channel key scales weigh more than in a 49-token fact (7x)
-    assert other.header("fact-a").nbytes == read.nbytes < entry.nbytes / 5
+    # 9 tokens: the per-channel key scales and slots weigh more than in a 49-token fact
+    assert other.header("fact-a").nbytes == read.nbytes < entry.nbytes / 4.5
 
 
 def test_the_system_prefix_is_never_compressed(tmp_path):

@@ -41,7 +41,7 @@ def test_layout_is_the_pools_k_then_v_then_scales_each_aligned():
 
     entry = quantize(_entry(), "int4")
     offsets, size = entry_layout(entry)
-    assert list(offsets) == ["k", "v", "k_scale", "v_scale", "k_zero", "v_zero"]
+    assert list(offsets) == ["k", "v", "k_scale", "v_scale", "k_zero", "v_zero", "k_fine", "k_slot"]
     assert all(at % ALIGN == 0 for at in offsets.values())
     assert size == DeviceTier(1 << 20, "cpu").region_size(entry)
     assert region_of(entry) is None  # separate tensors: not a region
@@ -114,10 +114,10 @@ def test_the_kernels_rows_point_into_the_same_layout(tmp_path):
     store.put(_entry("fact-a"))
     store.prefetch(["fact-a"])
     spans = store.device_spans(["fact-a"])
-    k_at, v_at, tokens, quant, ks, kz, vs, vz = spans.rows[0].tolist()
+    k_at, v_at, tokens, quant, ks, kz, vs, vz, kf, kl = spans.rows[0].tolist()
     offsets, _ = entry_layout(store.get("fact-a"))
     assert (tokens, quant) == (9, 1)
-    assert [k_at, v_at, ks, vs, kz, vz] == [k_at + offsets[n] for n in offsets]
+    assert [k_at, v_at, ks, vs, kz, vz, kf, kl] == [k_at + offsets[n] for n in offsets]
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

@@ -356,10 +356,11 @@ def test_mixed_spans_locate_codes_and_scales_of_compressed_entries():
     assert tier.spans(keys) is None  # the plain kernel reads no codes
     found = tier.mixed_spans(keys)
     assert found.plain == (torch.float32, 2, 2, 8)
-    assert found.packed == ("int4", torch.uint8, torch.float16, 2, 2, 8, 1)
-    pool = found.pool
+    assert found.packed == ("int4", torch.uint8, torch.float16, 2, 2, 8, 1, 0)  # 8 channels:
+    pool = found.pool  # none in 8 bits (test_kv_quant: the widest eighth of 16 and more)
     for row, key in zip(found.rows.tolist(), keys, strict=True):
-        k_at, v_at, tokens, compressed, ks, kz, vs, vz = row
+        k_at, v_at, tokens, compressed, ks, kz, vs, vz, kf, kl = row
+        assert (kf, kl) == (-1, -1)
         views = tier.get(key)
         base = pool.data_ptr()
         assert (k_at, v_at) == (views.k.data_ptr() - base, views.v.data_ptr() - base)
