@@ -88,7 +88,12 @@ from inferscale_core.retriever_newer import (
     newest_restatement,
 )
 from inferscale_core.retriever_people import agrees, asked_about
-from inferscale_core.time_query import asks_about_past, asks_about_present, question_interval
+from inferscale_core.time_query import (
+    asks_about_past,
+    asks_about_present,
+    question_interval,
+    states_past,
+)
 from inferscale_core.types import Fact, Hit
 from inferscale_core.vector_index import VectorIndex, make_index
 
@@ -296,6 +301,8 @@ class Retriever:
         hits = self._in_time(profile_id, question, hits, k, today, interval, later)
         if mode == "hybrid" and present and NEWER_ANCHORS > 0:
             hits = self._newer_first(profile_id, question, hits, k, later)
+        if mode == "hybrid" and present:  # "My old job was ...": after what holds now
+            hits = _past_last(hits)
         if order == "best_last":
             hits.reverse()
         elif order == "chronological":
@@ -759,6 +766,16 @@ def _without(
     if not skip:
         return ranked[:n]
     return [pair for pair in ranked if pair[0] not in skip][:n]
+
+
+def _past_last(hits: list[Hit]) -> list[Hit]:
+    """``hits`` with those whose own words place them before now (:func:`states_past`) after
+    the others, each group in its order, ranked anew."""
+    past = [h for h in hits if states_past(h.fact.text)]
+    if not past:
+        return hits
+    ordered = [h for h in hits if not states_past(h.fact.text)] + past
+    return [Hit(h.fact, h.score, rank) for rank, h in enumerate(ordered, start=1)]
 
 
 def _recency(days: set[str]) -> dict[str, float]:

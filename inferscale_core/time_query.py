@@ -14,6 +14,7 @@ ranks the others; otherwise it prefers the fact that replaced it.
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import date, timedelta
 
@@ -191,6 +192,23 @@ def asks_about_present(question: str, today: date) -> bool:
         and question_interval(question, today) is None
         and not asks_about_past(question, today)
     )
+
+
+# a statement that tells of an earlier state in its own words: "My old job was at the post
+# office", "I used to live in Leeds", "my ex-boss", "back when I was a nurse"
+_STATES_PAST = re.compile(
+    r"\b(?:used\s+to|formerly|back\s+when"
+    r"|(?:my|our)\s+(?:(?:old|previous|former|ex)\s+|ex-)(?!(?:man|lady|friends?|mates?)\b)\w+)\b",
+    re.IGNORECASE,
+)
+
+
+@functools.lru_cache(maxsize=8192)  # the same facts come back search after search
+def states_past(text: str) -> bool:
+    """Whether a fact's own words place it before now ("My old job was at the post office",
+    "I used to run"): for a question about the present the retriever puts it after the
+    others, as it does a fact the log closed."""
+    return _STATES_PAST.search(text) is not None
 
 
 def asks_about_past(question: str, today: date) -> bool:

@@ -96,3 +96,23 @@ def test_the_later_statement_goes_first_for_a_question_about_now(log, minilm, mo
     )
     # and a question about the past is left as the ranking has it
     assert ranked(retriever, p, past_question) == past
+
+
+def test_a_fact_that_tells_of_the_past_goes_after_what_holds_now(log, minilm, monkeypatch):
+    """Said the same day, "My old job was at the post office in Lisbon" is nearer "Where do I
+    live now?" for MiniLM than the move to Porto; its own words place it before now."""
+    p = log.profile()
+    moved = "I moved from Lisbon to Porto last month for a new job at a bakery."
+    old_job = "My old job was at the post office in Lisbon."
+    for text in (moved, old_job):
+        log.add_fact(p, text, date(2026, 12, 6))
+    retriever = Retriever(log, minilm)
+    now = datetime(2026, 12, 6, 12, tzinfo=UTC)
+
+    def first(question: str) -> str:
+        return retriever.search(p, question, 2, order="best_first", now=now)[0].fact.text
+
+    assert first("Where do I live now?") == moved
+    assert first("Where did I use to work?") == old_job  # the past asked: left as ranked
+    monkeypatch.setattr(retriever_module, "states_past", lambda text: False)
+    assert first("Where do I live now?") == old_job  # what the step changes

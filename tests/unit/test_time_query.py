@@ -6,7 +6,12 @@ from datetime import date
 
 import pytest
 
-from inferscale_core.time_query import asks_about_past, asks_about_present, question_interval
+from inferscale_core.time_query import (
+    asks_about_past,
+    asks_about_present,
+    question_interval,
+    states_past,
+)
 
 TODAY = date(2025, 12, 20)  # a Saturday
 
@@ -80,3 +85,22 @@ def test_this_month_is_not_the_past():
 )
 def test_the_present(question, present):
     assert asks_about_present(question, TODAY) is present
+
+
+@pytest.mark.parametrize(
+    ("text", "past"),
+    [
+        ("My old job was at the post office in Lisbon.", True),
+        ("I used to live in Leeds.", True),
+        ("Our old flat had no lift.", True),
+        ("My ex-boss rang me today.", True),
+        ("Back when I was a nurse I worked nights.", True),
+        ("I moved from Lisbon to Porto last month.", False),
+        ("My oldest friend is getting married.", False),
+        ("My old friend Sam visited.", False),
+        ("My old man turns seventy in May.", False),
+        ("My exam is on Friday.", False),
+    ],
+)
+def test_a_fact_that_tells_of_the_past(text, past):
+    assert states_past(text) is past
