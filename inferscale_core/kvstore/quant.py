@@ -217,9 +217,9 @@ def _int4_keys(
     A wide channel's 4-bit code is the high half of its 8-bit code and its scale 16 of its
     steps, so ``code * scale + minimum`` reads it to within 16 steps and adding ``low *
     scale / 16`` makes it exact to the step. Measured on an H100 (SmolLM2 bf16, 200 LoCoMo
-    questions, simulated): 8 of 64 key channels in 8 bits halved int4's KL (0.0036 / 0.0053 /
-    0.0064 -> 0.0020 / 0.0030 / 0.0033 at k = 5 / 20 / 50) and raised top-1 agreement from
-    96.3-97.0% to 97.1-97.7%; keys, not values, cost int4 its agreement there."""
+    questions): 8 of 64 key channels in 8 bits halved int4's KL (0.0036 / 0.0053 / 0.0064 ->
+    0.0019 / 0.0028 / 0.0031 at k = 5 / 20 / 50) and raised top-1 agreement from 96.3-97.0% to
+    97.3-97.4%; keys, not values, cost int4 its agreement there (bench/kv_quant_variants.py)."""
     codes, scale, low = int4_fit(k, dim=1)  # [L, T, H, D], [L, 1, H, D] x2
     layers, tokens, heads, dim = k.shape
     wide = wide_channels(dim)
@@ -258,13 +258,11 @@ def _add_fine(
     k_out.scatter_add_(-1, index, low * steps)
 
 
-def _int4_groups(
-    v: torch.Tensor, group: int = INT4_GROUP
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _int4_groups(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Values ``[L, T, H, D]`` -> packed codes ``[L, T, H, D/2]`` uint8, scale and minimum
-    ``[L, T, H, G]`` float16 (per token, G groups of ``group`` channels)."""
+    ``[L, T, H, G]`` float16 (per token, G groups of :data:`INT4_GROUP` channels)."""
     layers, tokens, heads, dim = v.shape
-    group = min(group, dim)
+    group = min(INT4_GROUP, dim)
     if dim % group:
         raise ValueError(f"a head of {dim} channels does not split into groups of {group}")
     grouped = v.reshape(layers, tokens, heads, dim // group, group)
