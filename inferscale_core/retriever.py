@@ -771,10 +771,7 @@ def _without(
 def _past_last(hits: list[Hit]) -> list[Hit]:
     """``hits`` with those whose own words place them before now (:func:`states_past`) after
     the others, each group in its order, ranked anew."""
-    past = [h for h in hits if states_past(h.fact.text)]
-    if not past:
-        return hits
-    ordered = [h for h in hits if not states_past(h.fact.text)] + past
+    ordered = sorted(hits, key=lambda h: states_past(h.fact.text))  # stable: order kept
     return [Hit(h.fact, h.score, rank) for rank, h in enumerate(ordered, start=1)]
 
 
