@@ -105,3 +105,71 @@ def test_pinned_host_regions_cross_to_the_pool_as_one_copy_each_bit_for_bit(tmp_
         assert pool_region is not None and pool_region.is_cuda
         assert torch.equal(pool_region.cpu(), region_of(store.host_tier.get("c")))
         torch.cuda.synchronize()
+
+
+def _wave(seed: int, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A captured wave as the capture's gather leaves it: K and V of every entry's tokens on the
+    GPU, ``[layers, sum(tokens), kv_heads, head_dim]`` bf16 each."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (32, sum(tokens), 8, 128)
+    k = torch.randn(shape, generator=g).to(torch.bfloat16).cuda()
+    v = torch.randn(shape, generator=g).to(torch.bfloat16).cuda()
+    return k, v
+
+
+def _views(k, v, tokens: list[int], prefix: str) -> list[FactKV]:
+    out, at = [], 0
+    for i, n in enumerate(tokens):
+        key = f"{prefix}-fact-{i}"
+        out.append(FactKV(key, list(range(n)), k[:, at : at + n], v[:, at : at + n], "fp1"))
+        at += n
+    return out
+
+
+def test_the_capture_writer_compresses_a_wave_on_the_gpu_as_the_host_would(tmp_path, monkeypatch):
+    """int4 store, TP=1: a wave handed over on the GPU is compressed there (each writer on its
+    own stream), and what is stored reads back as the host's compression of the same K/V
+    reads; the GPU bytes it held are given back. Past DEVICE_QUEUE_BYTES a wave goes through
+    host RAM instead, and is stored the same."""
+    from inferscale_core.kvstore.quant import dequantize, quantize
+    from inferscale_core.tp_heads import RankHeads
+    from inferscale_core.vllm_plugin import capture
+
+    store = KVStore(tmp_path, 1 << 30, device="cuda", fingerprint="fp1", store_dtype="int4")
+    writer = capture.EntryWriter(store, RankHeads(0, 8, 8))
+    tokens = [49, 7, 120, 33, 55, 1]
+    k, v = _wave(3, tokens)
+    nbytes = k.nbytes + v.nbytes
+    assert writer.takes_on_device(nbytes)
+    ready = torch.cuda.Event()
+    ready.record()
+    entries = _views(k, v, tokens, "gpu")
+    want = {
+        e.key: dequantize(quantize(FactKV(e.key, e.token_ids, e.k.cpu(), e.v.cpu(), "fp1"), "int4"))
+        for e in entries
+    }
+    writer.put(ready, entries, nbytes)
+    del k, v, entries  # the writers' views alone keep the wave alive now
+    # past the cap: the next wave goes through host RAM
+    monkeypatch.setattr(capture, "DEVICE_QUEUE_BYTES", 1)
+    k2, v2 = _wave(4, [20, 30])
+    assert not writer.takes_on_device(k2.nbytes + v2.nbytes)
+    host = [
+        FactKV(e.key, e.token_ids, e.k.cpu(), e.v.cpu(), "fp1")
+        for e in _views(k2, v2, [20, 30], "host")
+    ]
+    want |= {e.key: dequantize(quantize(e, "int4")) for e in host}
+    writer.put(None, host)
+    writer.close()
+    assert writer._device_bytes == 0
+    assert sorted(store.keys()) == sorted(want)
+    for key, expected in want.items():
+        assert store.stored_scheme(key) == "int4"
+        got = dequantize(store.get(key))
+        assert got.k.device.type == "cpu" and got.k.shape == expected.k.shape
+        # the same fit on either device; a code may differ by one step where float32
+        # arithmetic on the GPU rounds a tie the other way
+        for g_t, w_t in ((got.k, expected.k), (got.v, expected.v)):
+            step = (w_t.float().abs().amax() / 7).item()
+            assert (g_t.float() - w_t.float()).abs().max().item() <= step
+            assert (g_t.float() - w_t.float()).abs().mean().item() < step / 100
