@@ -51,6 +51,9 @@
 # (as-stored,auto,fp8), GGUF_TIMEOUT (540 s), GGUF_MODE_TIMEOUT (250 s a mode);
 # PROBE=0 the load's parts and the host tier's copies, outside vLLM (load_probe.py);
 # APP=0 the whole app path on the 8B shape within 24 GiB (app_path.py; APP_ARGS);
+# IMPORT=0 a 10k-turn chat export dropped into the inbox until usable and fully encoded, eager and
+# lazy, on the 8B shape (gpu_import.py, into import_gpu.json; IMPORT_ARGS, IMPORT_TIMEOUT (540 s);
+# the deps of ENCODE=1 and watchdog in .gpu/pydeps);
 # SERVE=0 the HTTP server (serve_http.py; SERVE_ARGS): 100 users at k=50 over HTTP, inject vs
 # prompt through the same server (with SUITE_PARTS=throughput: the in-process figure, same run).
 # Results: $OUT/*.json and the logs.
@@ -94,6 +97,11 @@ if [ "${APP:-0}" = 1 ]; then  # the whole app path on one copy of the 8B shape, 
     timeout "${APP_TIMEOUT:-420}" python3 -m bench.app_path "$OUT" --dummy-config llama-3.1-8b \
         --tokenizer "$KIT/tok" ${APP_ARGS:---old-design} > "$OUT/app.log" 2>&1
     echo "app rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/app.log" | tail -8
+fi
+if [ "${IMPORT:-0}" = 1 ]; then  # a 10k-turn export dropped into the inbox (gpu_import.py)
+    timeout "${IMPORT_TIMEOUT:-540}" python3 -m bench.gpu_import "$OUT" --tokenizer "$KIT/tok" \
+        ${IMPORT_ARGS:-} > "$OUT/import.log" 2>&1
+    echo "import rc=$?"; grep -v "INFO\|WARNING\|DEBUG\|^\s*$" "$OUT/import.log" | tail -12
 fi
 if [ "${SERVE:-0}" = 1 ]; then  # the HTTP server under 100 users (serve_http.py)
     SERVE_PROFILE=${SERVE_PROFILE:-} PYTHONPATH="$PYTHONPATH:$(pwd)/$KIT/pydeps:$(pwd)/$KIT/servedeps" timeout "${SERVE_TIMEOUT:-480}" python3 -m bench.serve_http \
