@@ -96,6 +96,7 @@ class FactOp:
 
 class Extractor(Protocol):
     name: str
+    reads_similar: bool  # whether extract() reads ``similar`` (else the worker skips the search)
 
     def extract(self, turn: Turn, similar: Sequence[Fact] = ()) -> list[FactOp]: ...
 
@@ -141,6 +142,7 @@ class DeterministicExtractor:
     """Each substantive turn of a person (not the assistant) becomes one or more dated facts."""
 
     name = "deterministic"
+    reads_similar = False  # a turn's facts are its own sentences: nothing to compare with
 
     def extract(self, turn: Turn, similar: Sequence[Fact] = ()) -> list[FactOp]:
         if turn.speaker.lower() in NOT_FACT_SPEAKERS:
@@ -216,6 +218,7 @@ class LLMExtractor:
     """Structured-output extraction with the engine; the deterministic one as fallback."""
 
     name = "llm"
+    reads_similar = True  # the model may update or delete one of the similar facts
 
     def __init__(self, engine: Any, tokenizer: Any, fallback: Extractor | None = None) -> None:
         self.engine = engine

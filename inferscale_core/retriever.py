@@ -227,9 +227,14 @@ class Retriever:
         added = 0
         for start in range(0, len(facts), self.batch_size):
             batch = [f for f in facts[start : start + self.batch_size] if f.status == "active"]
-            if batch:
+            if not batch:
+                continue
+            last = self._last_query  # the worker's near-duplicate check just embedded it
+            if len(batch) == 1 and last[1] is not None and last[0] == batch[0].text:
+                vectors = last[1]  # [1, dim]
+            else:
                 vectors = self.embedder.embed([f.text for f in batch])  # [b, dim]
-                added += self._store(batch, vectors)
+            added += self._store(batch, vectors)
         return added
 
     def remove(self, fact_id: int) -> None:
