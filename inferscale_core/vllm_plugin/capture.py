@@ -236,17 +236,20 @@ class EntryWriter:
         for entry in entries:
             shards.setdefault(zlib.crc32(entry.key.encode()) % len(self._queues), []).append(entry)
         total = sum(e.nbytes for e in entries) or 1
-        for shard, part in shards.items():  # each shard frees its share of the wave's bytes
-            share = device_bytes * sum(e.nbytes for e in part) // total
-            self._queues[shard].put((ready, part, share))
+        left = device_bytes
+        for i, (shard, part) in enumerate(shards.items()):  # each frees its share of the wave
+            last = i == len(shards) - 1
+            share = left if last else device_bytes * sum(e.nbytes for e in part) // total
+            left -= share
+            self._queues[shard].put((ready, part, device_bytes > 0, share))
 
-    def _run(self, jobs: queue.SimpleQueue[tuple[Any, list[FactKV], int] | None]) -> None:
+    def _run(self, jobs: queue.SimpleQueue[tuple[Any, list[FactKV], bool, int] | None]) -> None:
         pin = self.store.host_tier.pin  # the host tier keeps what is put: copy straight to it
         stream = None  # this writer's CUDA stream, for waves left on the GPU
         while (item := jobs.get()) is not None:
-            ready, entries, device_bytes = item
+            ready, entries, on_device, device_bytes = item
             try:
-                if device_bytes:
+                if on_device:
                     if stream is None:
                         stream = torch.cuda.Stream(entries[0].k.device)
                     self._put_on_device(stream, ready, entries)
