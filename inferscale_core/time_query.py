@@ -76,6 +76,40 @@ _PAST = re.compile(
 )
 
 
+_MONTH_WORD = re.compile(_MONTH.replace("(?P<month>", "(?:") + r"\b", re.IGNORECASE)
+# what makes a month word a month: a preposition or a day before it ("in June", "12 June",
+# "end of June"), a day, "of" or a year after it ("June 5", "June of 2024", "June, 2024")
+_MONTH_CUE_BEFORE = re.compile(
+    r"(?:\b(?:in|during|since|until|till|by|from|before|after|through|throughout|early|mid"
+    r"|late|of|around|over|last|this|next|every|each)|\d(?:st|nd|rd|th)?|[-/])\s*$",
+    re.IGNORECASE,
+)
+_MONTH_CUE_AFTER = re.compile(r"\s*(?:\d|of\b|,\s*(?:19|20)\d\d)", re.IGNORECASE)
+_CAPITALIZED_WORD = re.compile(r"\s+[A-Z][a-z]")
+
+
+def month_names_masked(text: str) -> str:
+    """``text`` with each month word that is a person's name blanked out, same length ("Where
+    does Jun Mesel keep the camera?" asked of no June; "Jan called yesterday" said yesterday).
+    A capitalised month word with no time cue around it (:data:`_MONTH_CUE_BEFORE`, ``_AFTER``)
+    is a name when the next word is capitalised too ("April Ludgate") or when it is a
+    three-letter abbreviation ("Jan", "Jun"); "May" is left to the callers' modal-verb rule."""
+
+    def blank(match: re.Match[str]) -> str:
+        word = match.group(0)
+        if not word[0].isupper() or word.casefold() == "may":
+            return word
+        if _MONTH_CUE_BEFORE.search(text, 0, match.start()) or _MONTH_CUE_AFTER.match(
+            text, match.end()
+        ):
+            return word
+        if _CAPITALIZED_WORD.match(text, match.end()) or len(word) == 3:
+            return "_" * len(word)
+        return word
+
+    return _MONTH_WORD.sub(blank, text)
+
+
 def month_number(name: str) -> int:
     """1-12 for a month's name or its abbreviation ("March", "sept", "Aug")."""
     return _MONTH_NUMBERS[name[:3].casefold()]
@@ -99,6 +133,7 @@ def _year_named(question: str) -> str | None:
 
 def question_interval(question: str, today: date) -> Interval | None:
     """The days the question names (the first time expression found), else None."""
+    question = month_names_masked(question)
     if match := DAY_MONTH.search(question):
         day = int(match.group("day") or match.group("day2"))
         month = month_number(match.group("month") or match.group("month2"))

@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterator
 from datetime import date, datetime, timedelta
 
-from inferscale_core.time_query import DAY_MONTH, month_number
+from inferscale_core.time_query import DAY_MONTH, month_names_masked, month_number
 
 _SENTENCE = re.compile(r"[^.!?;]+[.!?;]*")  # a sentence (or a part of one after ";")
 _CLAUSE = re.compile(r"[^,.!?;:—–]+[,.!?;:—–]*")
@@ -117,6 +117,7 @@ def resolve_date(text: str, when: datetime | None) -> date | None:
     if when is None:
         return None
     day = when.date()
+    text = month_names_masked(text)  # "Jan called yesterday": Jan is no January
     found = min(_expressions(text, when), default=None, key=lambda p: p[0])  # (position, day)
     if found is not None:
         return found[1]

@@ -34,6 +34,9 @@ TODAY = date(2025, 12, 20)  # a Saturday
         ("What did I do yesterday?", date(2025, 12, 19), date(2025, 12, 20)),
         ("What happened on 12 March?", date(2025, 3, 12), date(2025, 3, 13)),
         ("What did I eat on March 3rd, 2024?", date(2024, 3, 3), date(2024, 3, 4)),
+        ("Who did I see in Jun?", date(2025, 6, 1), date(2025, 7, 1)),  # after "in": a month
+        ("Who came to the party at the end of April?", date(2025, 4, 1), date(2025, 5, 1)),
+        ("June was busy, what did I do?", date(2025, 6, 1), date(2025, 7, 1)),
     ],
 )
 def test_named_days(question, start, end):
@@ -42,7 +45,15 @@ def test_named_days(question, start, end):
 
 @pytest.mark.parametrize(
     "question",
-    ["Where do I live now?", "May I ask where I work?", "How much is 2000 euros?", "My job?"],
+    [
+        "Where do I live now?",
+        "May I ask where I work?",
+        "How much is 2000 euros?",
+        "My job?",
+        "Where does Jun Mesel keep the folding camera?",  # a name, not June
+        "What does April Ludgate do?",
+        "Where does Jan work?",
+    ],
 )
 def test_no_time(question):
     assert question_interval(question, TODAY) is None

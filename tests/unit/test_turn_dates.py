@@ -52,6 +52,11 @@ def test_a_turns_day(text, said, expected):
     assert resolve_date(text, said) == expected
 
 
+def test_a_name_that_is_a_month_leaves_the_day_to_the_words_that_name_one():
+    assert resolve_date("Jan called me yesterday.", SAT) == date(2025, 12, 5)
+    assert resolve_date("Jun and I moved in March.", SAT) == date(2025, 3, 1)
+
+
 def test_the_first_expression_said_is_the_one_told_of():
     # the acceptance was yesterday; the start date comes second
     assert resolve_date("accepted yesterday!! i start sept 1", SAT) == date(2025, 12, 5)
@@ -66,6 +71,8 @@ def test_the_first_expression_said_is_the_one_told_of():
         "I go climbing on Mondays.",  # a habit, not a day
         "My 85th birthday party was great.",  # an ordinal that is no day of the month
         "I sat on the bench for an hour.",  # "sat" is no Saturday
+        "My cousin Jun Mesel keeps the folding camera in the attic.",  # a name, no June
+        "I met April Ludgate at the library.",  # a name, no April
     ],
 )
 def test_words_that_are_not_days_keep_the_day_said(text):
