@@ -73,9 +73,7 @@ def test_an_extractor_that_reads_similar_facts_gets_the_turns_hits(log, minilm):
     assert len(log.active_facts(profile)) == len(TURNS)
 
 
-def test_the_deterministic_extractor_is_not_searched_for_and_each_fact_embedded_once(
-    log, minilm
-):
+def test_the_deterministic_extractor_is_not_searched_for_and_each_fact_embedded_once(log, minilm):
     """Its facts are the turn's own sentences, so the worker skips the hybrid search of each
     turn (half of a turn's extraction time), and a fact's vector is the one the near-duplicate
     check just computed: one embedding a fact, the same vector as embedding it alone."""
@@ -91,3 +89,19 @@ def test_the_deterministic_extractor_is_not_searched_for_and_each_fact_embedded_
     by_id = {f.id: f.text for f in facts}
     for fid, vector in zip(ids, vectors, strict=True):
         assert torch.equal(vector, minilm.embed([by_id[fid]])[0])
+
+
+def test_a_near_duplicate_in_the_same_batch_is_still_merged(log, minilm):
+    """Without the per-turn search, each turn's near-duplicate check still sees the facts the
+    turns before it in the same batch added: the same statement said twice is one fact."""
+    profile = log.profile("user")
+    turns = [
+        Turn("user", "Our cat Miso is grey and sleeps all day."),
+        Turn("user", "Our cat Miso is grey and sleeps all day long."),
+    ]
+    log.add_conversation(profile, Conversation("chat", turns))
+    worker = MemoryWorker(lambda: log, profile, None, None, DeterministicExtractor())
+    worker._retriever = Retriever(log, minilm)
+    while worker._extract_batch(log):
+        pass
+    assert [f.text for f in log.active_facts(profile)] == [turns[0].text]
