@@ -7,7 +7,6 @@ the three injection orders.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import date
 
 import pytest
@@ -17,6 +16,7 @@ from inferscale_core.embedder import Embedder, SentenceTransformerEmbedder
 from inferscale_core.facets import FACETS
 from inferscale_core.factlog import FactLog
 from inferscale_core.retriever import Retriever, particulars, same_particulars
+from tests.support.counting_embedder import CountingEmbedder
 
 FACTS = {
     "cat": "My cat is called Miso",
@@ -43,26 +43,6 @@ QUESTIONS = {
     "When is my daughter's birthday?": "birthday",
     "How do I take my coffee?": "coffee",
 }
-
-
-class CountingEmbedder:
-    """The real embedder, counting the texts it is asked to embed."""
-
-    def __init__(self, inner: Embedder) -> None:
-        self.inner = inner
-        self.texts: list[str] = []
-
-    @property
-    def dim(self) -> int:
-        return self.inner.dim
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    def embed(self, texts: Sequence[str]) -> torch.Tensor:
-        self.texts.extend(texts)
-        return self.inner.embed(texts)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from inferscale_core.extractor import DeterministicExtractor, FactOp
 from inferscale_core.memory_worker import MemoryWorker
 from inferscale_core.retriever import Retriever
 from inferscale_core.types import Conversation, Fact, Turn
+from tests.support.counting_embedder import CountingEmbedder
 
 TURNS = (
     "Ines moved to Lisbon last spring.",
@@ -33,26 +34,6 @@ class RecordingExtractor:
     def extract(self, turn: Turn, similar: Sequence[Fact] = ()) -> list[FactOp]:
         self.given.append([f.text for f in similar])
         return self._inner.extract(turn, similar)
-
-
-class CountingEmbedder:
-    """MiniLM, counting the texts it embeds."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.texts: list[str] = []
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def dim(self) -> int:
-        return self.inner.dim
-
-    def embed(self, texts: Sequence[str]) -> torch.Tensor:
-        self.texts.extend(texts)
-        return self.inner.embed(texts)
 
 
 def _extract_all(log, extractor, embedder) -> tuple[int, Retriever]:
