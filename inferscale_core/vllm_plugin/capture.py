@@ -205,7 +205,7 @@ class EntryWriter:
         self._on_device = heads.full and store.store_dtype in ("int4", "fp8")
         self._device_bytes = 0  # captured K/V of waves queued on the GPU
         self._device_lock = threading.Lock()
-        self._queues: list[queue.SimpleQueue[tuple[Any, list[FactKV]] | None]] = [
+        self._queues: list[queue.SimpleQueue[tuple[Any, list[FactKV], bool, int] | None]] = [
             queue.SimpleQueue() for _ in range(threads)
         ]
         self._threads = [
