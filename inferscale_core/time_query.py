@@ -76,7 +76,7 @@ _PAST = re.compile(
 )
 
 
-_MONTH_WORD = re.compile(_MONTH.replace("(?P<month>", "(?:") + r"\b", re.IGNORECASE)
+_MONTH_WORD = re.compile(r"\b" + _MONTH.replace("(?P<month>", "(?:") + r"\b", re.IGNORECASE)
 # what makes a month word a month: a preposition or a day before it ("in June", "12 June",
 # "end of June"), a day, "of" or a year after it ("June 5", "June of 2024", "June, 2024")
 _MONTH_CUE_BEFORE = re.compile(
