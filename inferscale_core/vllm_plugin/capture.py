@@ -174,9 +174,11 @@ class CacheReader:
         return (typed(k, self.fp8), typed(v, self.fp8)) if self.fp8 is not None else (k, v)
 
 
-DEVICE_QUEUE_BYTES = 512 * 2**20
+DEVICE_QUEUE_BYTES = 128 * 2**20
 """The most captured K/V (bytes, the model's dtype) that waits on the GPU for the writers to
-compress it (:class:`EntryWriter`): about one wave of 64 facts of an 8B model."""
+compress it (:class:`EntryWriter`): two waves of a 512-token step of an 8B model (64 MiB
+each). The writers compress an entry in milliseconds, so the queue is short; a wave past it
+goes through host RAM. Kept small: the 8B app path fit 24 GiB with ~50 MB to spare."""
 
 
 class EntryWriter:
