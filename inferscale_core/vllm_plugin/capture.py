@@ -196,9 +196,10 @@ class EntryWriter:
     stay on the GPU (:meth:`takes_on_device`): each writer compresses its entries there, on a
     stream of its own, and only the codes and scales cross to host RAM. Compressing an 8B
     entry on the host took 30-60 ms of CPU (a 2-core box: 61 ms on one thread), so four
-    writers held an H100's import at 44 facts/s, against ~90 for the same engine storing
-    bf16. At most :data:`DEVICE_QUEUE_BYTES` of captured K/V wait on the GPU; a wave beyond
-    that goes through host RAM as before.
+    writers held an H100's import of the 8B shape at 44 facts/s (82.7 compressed on the GPU;
+    the encoding bench stores LoCoMo in bf16 at 89.8 on the H200). At most
+    :data:`DEVICE_QUEUE_BYTES` of captured K/V wait on the GPU; a wave beyond that goes
+    through host RAM as before.
     """
 
     def __init__(self, store: KVStore, heads: RankHeads, threads: int = 4) -> None:
