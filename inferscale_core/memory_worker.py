@@ -433,8 +433,7 @@ class MemoryWorker:
             new_added, new_removed = len(added), len(removed)
             # a hybrid search of the turn, half of a turn's extraction time on the CPU
             # (12 of 24 ms at 5,000 facts), only for an extractor that reads its hits
-            reads = getattr(self.extractor, "reads_similar", True)
-            similar = self._similar_facts(turn.text) if reads else []
+            similar = self._similar_facts(turn.text) if self.extractor.reads_similar else []
             for op in self.extractor.extract(turn, similar):
                 if op.op == "add" and self._is_near_duplicate(op.text):
                     continue

@@ -208,7 +208,7 @@ class EntryWriter:
         self._on_device = heads.full and store.store_dtype in ("int4", "fp8")
         self._device_bytes = 0  # captured K/V of waves queued on the GPU
         self._device_lock = threading.Lock()
-        self._queues: list[queue.SimpleQueue[tuple[Any, list[FactKV], bool, int] | None]] = [
+        self._queues: list[queue.SimpleQueue[tuple[Any, list[FactKV], bool] | None]] = [
             queue.SimpleQueue() for _ in range(threads)
         ]
         self._threads = [
@@ -222,8 +222,9 @@ class EntryWriter:
 
     def takes_on_device(self, nbytes: int) -> bool:
         """Whether a wave of ``nbytes`` of captured K/V may be handed over on the GPU (then
-        :meth:`put` it with ``nbytes``): the store compresses, this rank holds every head, and
-        the waves already queued there leave room for it."""
+        :meth:`put` it ``on_device``; its entries give the bytes back as they are written):
+        the store compresses, this rank holds every head, and the waves already queued there
+        leave room for it."""
         if not self._on_device:
             return False
         with self._device_lock:
@@ -232,25 +233,21 @@ class EntryWriter:
             self._device_bytes += nbytes
             return True
 
-    def put(self, ready: Any, entries: list[FactKV], device_bytes: int = 0) -> None:
+    def put(self, ready: Any, entries: list[FactKV], on_device: bool = False) -> None:
         """Write ``entries`` once ``ready`` (a CUDA event, or None) has completed;
-        ``device_bytes``: the wave is on the GPU, as :meth:`takes_on_device` accepted it."""
+        ``on_device``: they are views of a wave on the GPU that :meth:`takes_on_device`
+        accepted (their bytes are the wave's: the entries cover all of its tokens)."""
         shards: dict[int, list[FactKV]] = {}
         for entry in entries:
             shards.setdefault(zlib.crc32(entry.key.encode()) % len(self._queues), []).append(entry)
-        total = sum(e.nbytes for e in entries) or 1
-        left = device_bytes
-        for i, (shard, part) in enumerate(shards.items()):  # each frees its share of the wave
-            last = i == len(shards) - 1
-            share = left if last else device_bytes * sum(e.nbytes for e in part) // total
-            left -= share
-            self._queues[shard].put((ready, part, device_bytes > 0, share))
+        for shard, part in shards.items():
+            self._queues[shard].put((ready, part, on_device))
 
-    def _run(self, jobs: queue.SimpleQueue[tuple[Any, list[FactKV], bool, int] | None]) -> None:
+    def _run(self, jobs: queue.SimpleQueue[tuple[Any, list[FactKV], bool] | None]) -> None:
         pin = self.store.host_tier.pin  # the host tier keeps what is put: copy straight to it
         stream = None  # this writer's CUDA stream, for waves left on the GPU
         while (item := jobs.get()) is not None:
-            ready, entries, on_device, device_bytes = item
+            ready, entries, on_device = item
             try:
                 if on_device:
                     if stream is None:
@@ -269,9 +266,9 @@ class EntryWriter:
             except Exception:  # one bad write must not stop the others
                 log.exception("writing captured KV entries failed")
             finally:
-                if device_bytes:
+                if on_device:  # this part of the wave no longer waits on the GPU
                     with self._device_lock:
-                        self._device_bytes -= device_bytes
+                        self._device_bytes -= sum(e.nbytes for e in entries)
 
     def _put_on_device(self, stream: Any, ready: Any, entries: list[FactKV]) -> None:
         """Compress ``entries`` (views of a wave on the GPU) on ``stream`` once ``ready``,
@@ -313,11 +310,10 @@ def capture(
     )  # int64 [tokens of all saves]
     k, v = reader.read(slots)  # [layers, tokens, heads, dim] each
     ready = None
-    device_bytes = 0
-    if device.type == "cuda" and writer.takes_on_device(k.nbytes + v.nbytes):
+    on_device = device.type == "cuda" and writer.takes_on_device(k.nbytes + v.nbytes)
+    if on_device:
         ready = torch.cuda.Event()  # the writers compress on the GPU after the gather
         ready.record()
-        device_bytes = k.nbytes + v.nbytes
     elif device.type == "cuda":
         k_host = torch.empty(k.shape, dtype=k.dtype, pin_memory=True)
         v_host = torch.empty(v.shape, dtype=v.dtype, pin_memory=True)
@@ -340,7 +336,7 @@ def capture(
             )
         )
         at += n
-    writer.put(ready, entries, device_bytes)
+    writer.put(ready, entries, on_device)
 
 
 def _layer_cache(layer: Any) -> torch.Tensor:

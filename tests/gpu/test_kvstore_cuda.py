@@ -148,7 +148,7 @@ def test_the_capture_writer_compresses_a_wave_on_the_gpu_as_the_host_would(tmp_p
         e.key: dequantize(quantize(FactKV(e.key, e.token_ids, e.k.cpu(), e.v.cpu(), "fp1"), "int4"))
         for e in entries
     }
-    writer.put(ready, entries, nbytes)
+    writer.put(ready, entries, on_device=True)
     del k, v, entries  # the writers' views alone keep the wave alive now
     # past the cap: the next wave goes through host RAM
     monkeypatch.setattr(capture, "DEVICE_QUEUE_BYTES", 1)
