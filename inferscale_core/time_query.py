@@ -52,11 +52,13 @@ _MONTH_YEAR = re.compile(
     rf"\b(?:(?P<last>last|this)\s+)?{_MONTH}\b(?:\s+(?:of\s+)?{_YEAR})?", re.IGNORECASE
 )
 _MODAL = frozenset({"may", "mar", "march"})  # "may I", "to march": a month only as "May"
-_SEASON = re.compile(
-    rf"\b(?:(?P<last>last|this)\s+)?(?P<season>spring|summer|autumn|fall|winter)\b"
+SEASON = re.compile(
+    rf"\b(?:(?P<last>last|this|next)\s+)?(?P<season>spring|summer|autumn|fall|winter)\b"
     rf"(?:\s+(?:of\s+)?{_YEAR})?",
     re.IGNORECASE,
 )
+"""A season, maybe with "last", "this" or "next" before it and a year after ("last spring",
+"the summer of 2024"); also read by turn_dates.py in turns."""
 # a year on its own: after a preposition, or ending the question ("2000 euros" is no year)
 _YEAR_ONLY = re.compile(
     rf"\b(?:in|during|of|since|before|throughout|from)\s+{_YEAR}\b|\b(?P<y2>(?:19|20)\d\d)(?=\s*\?)",
@@ -126,6 +128,24 @@ def _latest_begun(today: date, month: int) -> int:
     return today.year if month <= today.month else today.year - 1
 
 
+def season_interval(match: re.Match[str], today: date, year: int | None = None) -> Interval:
+    """The months of a :data:`SEASON` match (northern meteorological seasons: spring from
+    March, summer June, autumn September, winter December): of ``year`` (or the match's own
+    year) when one is named; else "last" the latest that has ended, "next" the first to begin
+    after ``today``, and otherwise the latest begun by ``today``."""
+    first = _SEASONS[match.group("season").casefold()]
+    which = (match.group("last") or "").casefold()
+    named = year or (int(match.group("year")) if match.group("year") else None)
+    start_year = named or _latest_begun(today, first)
+    start = date(start_year, first, 1)
+    end = date(start_year + (first + 3 > 12), (first + 2) % 12 + 1, 1)
+    if named is None and which == "last" and end > today:  # "last winter": the latest ended
+        start, end = start.replace(year=start.year - 1), end.replace(year=end.year - 1)
+    elif named is None and which == "next" and start <= today:
+        start, end = start.replace(year=start.year + 1), end.replace(year=end.year + 1)
+    return start, end
+
+
 def _year_named(question: str) -> str | None:
     match = _YEAR_ONLY.search(question)
     return None if match is None else match.group("year") or match.group("y2")
@@ -162,15 +182,9 @@ def question_interval(question: str, today: date) -> Interval | None:
         ):
             year -= 1  # "last May", asked in May: a year ago
         return _month(year, month)
-    if match := _SEASON.search(question):
-        first = _SEASONS[match.group("season").casefold()]
+    if match := SEASON.search(question):
         named = match.group("year") or _year_named(question)  # "summer holiday in 2024"
-        year = int(named) if named else _latest_begun(today, first)
-        start = date(year, first, 1)
-        end = date(year + (first + 3 > 12), (first + 2) % 12 + 1, 1)
-        if (match.group("last") or "").casefold() == "last" and end > today:
-            start, end = start.replace(year=start.year - 1), end.replace(year=end.year - 1)
-        return start, end  # "last winter": the latest one that has ended
+        return season_interval(match, today, int(named) if named else None)
     if match := _RELATIVE.search(question):
         if match.group("day"):
             day = today - timedelta(days=match.group("day").casefold() == "yesterday")

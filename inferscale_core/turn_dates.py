@@ -1,13 +1,13 @@
 """The day a turn tells of, read from its words against the time it was said.
 
 "Yesterday", "3 days ago", "on 12 March", "last Saturday", "in September 2024", "on the
-12th", "the weekend before last", "since New Year's Eve": :func:`resolve_date` finds the time
-expressions of a text and resolves the *first* one said (the event a turn opens with is the one
-it is about: "accepted yesterday!! i start sept 1" tells of yesterday). Named months and years
-go to dateparser (English only); weekdays, days of the month and the few fixed holidays people
-name are resolved here, because they need the sentence's tense: "Planted the tomatoes on
-Sunday" is the Sunday gone, "She's 32 on Saturday" the one to come, and dateparser reads "32
-on Saturday" as a day of 1932.
+12th", "the weekend before last", "last spring", "since New Year's Eve": :func:`resolve_date`
+finds the time expressions of a text and resolves the *first* one said (the event a turn opens
+with is the one it is about: "accepted yesterday!! i start sept 1" tells of yesterday). Named
+months and years go to dateparser (English only); weekdays, days of the month, seasons and the
+few fixed holidays people name are resolved here, because they need the sentence's tense:
+"Planted the tomatoes on Sunday" is the Sunday gone, "She's 32 on Saturday" the one to come,
+and dateparser reads "32 on Saturday" as a day of 1932.
 
 A sentence tells of the past when it has a past-tense verb (:data:`_PAST_TENSE`), of the future
 when it says so (:data:`_FUTURE`); only the sentence holding the expression is read ("next door"
@@ -21,7 +21,13 @@ import re
 from collections.abc import Iterator
 from datetime import date, datetime, timedelta
 
-from inferscale_core.time_query import DAY_MONTH, month_names_masked, month_number
+from inferscale_core.time_query import (
+    DAY_MONTH,
+    SEASON,
+    month_names_masked,
+    month_number,
+    season_interval,
+)
 
 _SENTENCE = re.compile(r"[^.!?;]+[.!?;]*")  # a sentence (or a part of one after ";")
 _CLAUSE = re.compile(r"[^,.!?;:—–]+[,.!?;:—–]*")
@@ -152,6 +158,14 @@ def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
     for match in _WEEKDAY.finditer(text):
         if _is_weekday(match):
             yield match.start(), _weekday(match, day, _tense(text, match.start()))
+            break
+    for match in SEASON.finditer(text):  # "last spring", "the summer of 2024": its first day
+        if match.group("last") or match.group("year"):  # "I love summer" is no date
+            start, end = season_interval(match, day)
+            this = (match.group("last") or "").casefold() == "this" and not match.group("year")
+            if this and end <= day and _tense(text, match.start()) == "future":
+                start = start.replace(year=start.year + 1)  # "this summer we'll ...", in March
+            yield match.start(), start
             break
     if (match := _DATE_WORD.search(text)) and (named := _named_date(text, when)) is not None:
         yield match.start(), named

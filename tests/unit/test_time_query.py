@@ -27,6 +27,8 @@ TODAY = date(2025, 12, 20)  # a Saturday
         ("What did I do in spring 2024?", date(2024, 3, 1), date(2024, 6, 1)),
         ("Where did I spend my summer holiday in 2024?", date(2024, 6, 1), date(2024, 9, 1)),
         ("Any trips last winter?", date(2024, 12, 1), date(2025, 3, 1)),
+        ("What are my plans for next summer?", date(2026, 6, 1), date(2026, 9, 1)),
+        ("What did I do this autumn?", date(2025, 9, 1), date(2025, 12, 1)),
         ("What did I do last weekend?", date(2025, 12, 13), date(2025, 12, 15)),
         ("What did I do last week?", date(2025, 12, 8), date(2025, 12, 15)),
         ("What did I do last month?", date(2025, 11, 1), date(2025, 12, 1)),

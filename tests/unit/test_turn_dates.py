@@ -46,6 +46,16 @@ SUN = datetime(2024, 1, 14, 9, 0)  # a Sunday
          date(2024, 8, 10)),
         ("We booked the movers for 23 March.", datetime(2024, 3, 4), date(2024, 3, 23)),
         ("Got my results on 3 May 2023, finally.", THU, date(2023, 5, 3)),
+        # a season said with "last", "this", "next" or a year: its first day (March, June,
+        # September, December); "this" with a plan, after this year's has ended, is next year's
+        ("I adopted a greyhound called Boyle last spring.", SAT, date(2025, 3, 1)),
+        ("Last winter was brutal.", SAT, date(2024, 12, 1)),
+        ("Last winter was brutal.", datetime(2026, 3, 10), date(2025, 12, 1)),
+        ("We went to Italy this summer.", SAT, date(2025, 6, 1)),
+        ("This summer we will go to Crete.", datetime(2026, 3, 10), date(2026, 6, 1)),
+        ("Next fall I'm starting a master's.", SAT, date(2026, 9, 1)),
+        ("We moved to Porto in the summer of 2023.", SAT, date(2023, 6, 1)),
+        ("I love summer, the long evenings.", SAT, date(2025, 12, 6)),
     ],
 )  # fmt: skip
 def test_a_turns_day(text, said, expected):
