@@ -128,11 +128,14 @@ def _latest_begun(today: date, month: int) -> int:
     return today.year if month <= today.month else today.year - 1
 
 
-def season_interval(match: re.Match[str], today: date, year: int | None = None) -> Interval:
+def season_interval(
+    match: re.Match[str], today: date, year: int | None = None, ahead: bool = False
+) -> Interval:
     """The months of a :data:`SEASON` match (northern meteorological seasons: spring from
     March, summer June, autumn September, winter December): of ``year`` (or the match's own
     year) when one is named; else "last" the latest that has ended, "next" the first to begin
-    after ``today``, and otherwise the latest begun by ``today``."""
+    after ``today``, and otherwise the latest begun by ``today`` ("this", ``ahead`` — a plan:
+    "this summer we'll ...", said in March — the next one when that has ended)."""
     first = _SEASONS[match.group("season").casefold()]
     which = (match.group("last") or "").casefold()
     named = year or (int(match.group("year")) if match.group("year") else None)
@@ -141,7 +144,9 @@ def season_interval(match: re.Match[str], today: date, year: int | None = None) 
     end = date(start_year + (first + 3 > 12), (first + 2) % 12 + 1, 1)
     if named is None and which == "last" and end > today:  # "last winter": the latest ended
         start, end = start.replace(year=start.year - 1), end.replace(year=end.year - 1)
-    elif named is None and which == "next" and start <= today:
+    elif named is None and (
+        which == "next" and start <= today or which == "this" and ahead and end <= today
+    ):
         start, end = start.replace(year=start.year + 1), end.replace(year=end.year + 1)
     return start, end
 

@@ -161,11 +161,8 @@ def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
             break
     for match in SEASON.finditer(text):  # "last spring", "the summer of 2024": its first day
         if match.group("last") or match.group("year"):  # "I love summer" is no date
-            start, end = season_interval(match, day)
-            this = (match.group("last") or "").casefold() == "this" and not match.group("year")
-            if this and end <= day and _tense(text, match.start()) == "future":
-                start = start.replace(year=start.year + 1)  # "this summer we'll ...", in March
-            yield match.start(), start
+            ahead = _tense(text, match.start()) == "future"
+            yield match.start(), season_interval(match, day, ahead=ahead)[0]
             break
     if (match := _DATE_WORD.search(text)) and (named := _named_date(text, when)) is not None:
         yield match.start(), named
