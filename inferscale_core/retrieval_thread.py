@@ -9,24 +9,19 @@ one thread; 7.3-8.0 ms from either thread once a second thread had used a team o
 OpenMP thread here adds no team (2.5-3.4 ms a question, on a core of its own while SQLite runs
 on the other).
 
-The thread count is set with ``omp_set_num_threads`` on this thread only (PyTorch's
-``set_num_threads`` would also change the default of every thread started later); where the
-OpenMP runtime's symbol is not found, the thread keeps PyTorch's default.
+The thread count is set on this thread only (:mod:`inferscale_core.openmp_threads`).
 """
 
 from __future__ import annotations
 
-import ctypes
-import logging
 import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import torch
+from inferscale_core.openmp_threads import one_openmp_thread
 
-logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _local = threading.local()  # .is_it: True on a retrieval thread
@@ -77,12 +72,4 @@ class RetrievalThread:
 
 def _one_openmp_thread() -> None:
     _local.is_it = True
-    torch.get_num_threads()  # PyTorch's per-thread setup first: it would undo what follows
-    set_threads = getattr(ctypes.CDLL(None), "omp_set_num_threads", None)
-    if set_threads is None:
-        logger.info(
-            "no omp_set_num_threads in this process: the retrieval thread keeps %d",
-            torch.get_num_threads(),
-        )
-        return
-    set_threads(1)
+    one_openmp_thread()

@@ -41,6 +41,7 @@ from inferscale_core.kvstore.quant import (
 )
 from inferscale_core.kvstore.tiers import MixedSpans
 from inferscale_core.model_spec import ModelSpec
+from inferscale_core.openmp_threads import SplitThreads
 from inferscale_core.rope import RopeSpec, cos_sin, pure_rotation, shift
 from inferscale_core.tp_heads import RankHeads, rank_heads, slice_heads
 from inferscale_core.types import FactKV
@@ -147,6 +148,7 @@ class InjectionWorker:
         self.stats = LoadStats()
         self._layers: list[tuple[str, Any]] | None = None
         self._buffers: dict[str, torch.Tensor] = {}
+        self._threads = SplitThreads()  # a CPU load's parts, one core each (openmp_threads)
         self._injector: FusedInjector | None = None
         self._rotary_kernel: VllmRotary | bool | None = None  # False: this vLLM has none
         self._mixed_kernel = True  # compressed entries through fused_compressed's kernel
@@ -406,16 +408,17 @@ class InjectionWorker:
         # neox bit-identical).
         in_place = device.type == "cpu" and dtype == torch.float32 and self._rotary() is not None
         shifts = torch.empty(tokens, dtype=torch.int64)  # [tokens] each token's piece's shift
+        jobs = []  # (entry, start, end, k_out, v_out): placed on the threads, below
         for piece, entry in zip(op.pieces, entries, strict=True):
             at = piece.dst_start - op.start
             n = piece.src_end - piece.src_start
+            if in_place and heads.full and entry.k.device == device:
+                # copied, or expanded from its codes, straight into the scratch
+                k_out, v_out = k_post[:, at : at + n], v_all[:, at : at + n]
+                jobs.append((entry, piece.src_start, piece.src_end, k_out, v_out))
+                shifts[at : at + n] = piece.shift
+                continue
             if entry.quant is not None:
-                if in_place and heads.full and entry.k.device == device:
-                    # expanded straight into the scratch: the copy a plain entry needs
-                    k_out, v_out = k_post[:, at : at + n], v_all[:, at : at + n]
-                    dequantize_into(entry, piece.src_start, piece.src_end, k_out, v_out)
-                    shifts[at : at + n] = piece.shift
-                    continue
                 entry = dequantize(entry, dtype, device)
             k_rank, v_rank = slice_heads(entry.k, heads), slice_heads(entry.v, heads)  # views
             k_stored = k_rank[:, piece.src_start : piece.src_end].to(device, non_blocking=True)
@@ -426,20 +429,35 @@ class InjectionWorker:
                 for rope, lo, hi in self._rope_runs:  # one run when every layer shares its RoPE
                     shift(k_stored[lo:hi], piece.shift, rope, out=k_post[lo:hi, at : at + n])
             v_all[:, at : at + n] = v_rank[:, piece.src_start : piece.src_end]
-        if in_place:
-            rotary = self._rotary()
-            for rope, lo, hi in self._rope_runs:
-                for layer_k in k_post[lo:hi]:  # [tokens, kv_heads, head_dim], contiguous
-                    rotary(rope, shifts, layer_k)
+        threads = self._threads if device.type == "cpu" else None
+        if jobs:
+            assert threads is not None  # in_place: a CPU cache
+            threads.map(_place, jobs, [job[2] - job[1] for job in jobs])
+        rotary = self._rotary() if in_place else None
+        rope_of = [rope for rope, lo, hi in self._rope_runs for _ in range(lo, hi)]  # by layer
         slots = torch.as_tensor(op.slots(self.block_size), device=device)  # int64 [tokens]
-        for index, (_, layer) in enumerate(layers):
-            cache = _layer_cache(layer)
-            k, v = k_post[index], v_all[index]
+
+        def write(index: int) -> None:
+            """Layer ``index``: its keys re-rotated in place (the in-place path), then the
+            backend's cache update."""
+            _, layer = layers[index]
+            k, v = k_post[index], v_all[index]  # [tokens, kv_heads, head_dim], contiguous
+            if rotary is not None:
+                rotary(rope_of[index], shifts, k)
             if self._fp8 is not None:  # stored as the cache holds them: the update divides again
                 k_scale, v_scale = scales(layer)
                 k = k if k_scale == 1.0 else k * k_scale
                 v = v if v_scale == 1.0 else v * v_scale
-            layer.impl.do_kv_cache_update(layer, k, v, cache, slots)
+            layer.impl.do_kv_cache_update(layer, k, v, _layer_cache(layer), slots)
+
+        if threads is None:
+            for index in range(len(layers)):
+                write(index)
+            return
+        if rotary is not None:
+            for rope in set(rope_of):
+                rotary.table(rope)  # made once, before the threads read it
+        threads.map(write, range(len(layers)))
 
     def _rotary(self) -> VllmRotary | None:
         """vLLM's CPU RoPE kernel over our tables, made once; None where the build lacks it."""
@@ -494,14 +512,24 @@ class VllmRotary:
         return cls(op, max_positions)
 
     def __call__(self, spec: RopeSpec, shifts: torch.Tensor, k: torch.Tensor) -> None:
+        tokens, heads, dim = k.shape
+        rows = shifts + self._reach
+        self._op(rows, k.view(tokens, heads * dim), None, dim, self.table(spec), spec.is_neox_style)
+
+    def table(self, spec: RopeSpec) -> torch.Tensor:
+        """``[2 * reach, rotary_dim]`` cos then sin of every shift in reach, made once."""
         table = self._tables.get(spec)
         if table is None:
             rows = torch.arange(-self._reach, self._reach)
             cos, sin = cos_sin(pure_rotation(spec), rows)  # [2 * reach, rotary_dim // 2]
             table = self._tables[spec] = torch.cat([cos, sin], dim=-1).contiguous()
-        tokens, heads, dim = k.shape
-        rows = shifts + self._reach
-        self._op(rows, k.view(tokens, heads * dim), None, dim, table, spec.is_neox_style)
+        return table
+
+
+def _place(job: tuple[FactKV, int, int, torch.Tensor, torch.Tensor]) -> None:
+    """Tokens ``[start, end)`` of an entry copied, or expanded from its codes, into its slice
+    of the scratch (``job``: entry, start, end, k_out, v_out)."""
+    dequantize_into(*job)
 
 
 def _staged(entry: FactKV, device: torch.device) -> FactKV:
