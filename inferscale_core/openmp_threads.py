@@ -43,6 +43,39 @@ def one_openmp_thread() -> bool:
     return True
 
 
+class OpenMPPool:
+    """A thread pool whose threads run torch with one OpenMP thread each (``initializer``,
+    default :func:`one_openmp_thread`, runs on each), started on first :meth:`get`; a forked
+    child starts its own (the parent's threads are not there, and its lock may be held)."""
+
+    def __init__(self, name: str, initializer: Callable[[], object] = one_openmp_thread) -> None:
+        self._name = name
+        self._initializer = initializer
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = 0  # the process that started the threads
+        self._lock = threading.Lock()
+
+    def get(self, count: int) -> ThreadPoolExecutor:
+        """The pool, started with ``count`` threads if it is not running."""
+        pid = os.getpid()
+        if self._pool is not None and self._pid != pid:
+            self._lock, self._pool = threading.Lock(), None
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    count, thread_name_prefix=self._name, initializer=self._initializer
+                )
+                self._pid = pid
+            return self._pool
+
+    def close(self) -> None:
+        """Let the threads end once their queued work is done (a later get starts anew)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None and self._pid == os.getpid():
+            pool.shutdown(wait=False)
+
+
 class SplitThreads:
     """``map(fn, items)``: ``fn`` over ``items`` split into as many groups as there are
     threads (PyTorch's thread count when first used, unless given), each group on a thread of
@@ -52,9 +85,7 @@ class SplitThreads:
 
     def __init__(self, threads: int | None = None) -> None:
         self._threads = threads
-        self._pool: ThreadPoolExecutor | None = None
-        self._pid = 0
-        self._lock = threading.Lock()
+        self._pool = OpenMPPool("inferscale-split")
 
     def map(
         self,
@@ -70,7 +101,7 @@ class SplitThreads:
                 fn(item)
             return
         groups = split(items, weights or [1] * len(items), count)
-        pool = self._pool_for(count)
+        pool = self._pool.get(count)
         inference = torch.is_inference_mode_enabled()
         futures = [pool.submit(_run, fn, group, inference) for group in groups if group]
         for future in futures:
@@ -83,22 +114,7 @@ class SplitThreads:
         return self._threads
 
     def close(self) -> None:
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None and self._pid == os.getpid():
-            pool.shutdown(wait=False)
-
-    def _pool_for(self, count: int) -> ThreadPoolExecutor:
-        pid = os.getpid()
-        if self._pool is not None and self._pid != pid:
-            self._lock, self._pool = threading.Lock(), None  # a forked child starts its own
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(
-                    count, thread_name_prefix="inferscale-split", initializer=one_openmp_thread
-                )
-                self._pid = pid
-            return self._pool
+        self._pool.close()
 
 
 def split(items: Sequence[T], weights: Sequence[int], count: int) -> list[list[T]]:

@@ -14,13 +14,12 @@ The thread count is set on this thread only (:mod:`inferscale_core.openmp_thread
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from inferscale_core.openmp_threads import one_openmp_thread
+from inferscale_core.openmp_threads import OpenMPPool, one_openmp_thread
 
 T = TypeVar("T")
 
@@ -33,9 +32,7 @@ class RetrievalThread:
     hands it to every retriever it makes; a retriever made alone gets its own."""
 
     def __init__(self) -> None:
-        self._pool: ThreadPoolExecutor | None = None
-        self._pid = 0  # the process that started the thread: a forked child starts its own
-        self._lock = threading.Lock()
+        self._pool = OpenMPPool("inferscale-retrieval", _one_openmp_thread)
 
     def submit(self, fn: Callable[..., T], /, *args: Any) -> Future[T]:
         """Run ``fn(*args)`` on the thread. Called from a retrieval thread, it runs at once
@@ -47,27 +44,11 @@ class RetrievalThread:
             except BaseException as e:  # handed to the caller, as the pool does
                 done.set_exception(e)
             return done
-        return self._thread().submit(fn, *args)
+        return self._pool.get(1).submit(fn, *args)
 
     def close(self) -> None:
         """Let the thread end once its queued work is done (a later submit starts a new one)."""
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None and self._pid == os.getpid():
-            pool.shutdown(wait=False)
-
-    def _thread(self) -> ThreadPoolExecutor:
-        pid = os.getpid()
-        if self._pool is not None and self._pid != pid:
-            # a forked child: the parent's thread is not here, and its lock may be held
-            self._lock, self._pool = threading.Lock(), None
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(
-                    1, thread_name_prefix="inferscale-retrieval", initializer=_one_openmp_thread
-                )
-                self._pid = pid
-            return self._pool
+        self._pool.close()
 
 
 def _one_openmp_thread() -> None:

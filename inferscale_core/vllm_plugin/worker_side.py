@@ -434,7 +434,7 @@ class InjectionWorker:
             assert threads is not None  # in_place: a CPU cache
             threads.map(_place, jobs, [job[2] - job[1] for job in jobs])
         rotary = self._rotary() if in_place else None
-        rope_of = [rope for rope, lo, hi in self._rope_runs for _ in range(lo, hi)]  # by layer
+        rope_of = self.spec.layer_rope  # each layer's RoPE
         slots = torch.as_tensor(op.slots(self.block_size), device=device)  # int64 [tokens]
 
         def write(index: int) -> None:
