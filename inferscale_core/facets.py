@@ -4,68 +4,53 @@
 share no word, and MiniLM puts the question nearer "My little Fiat 500 is great for parking"
 than the trade (rank 20 of 47 user turns on the held-out life set). Both statements are close
 to what *the car I drive* means, though. A facet is one such single-valued part of a life
-(home, work, partner, car, ...) described by a few short phrases; its *prototype* is the mean of
-their embeddings. A question whose embedding is near one facet's prototype (cosine at least
-:data:`FACET_SCORE`, ahead of the next facet by :data:`FACET_MARGIN`) asks about that facet,
-and the retriever also searches with the question's vector plus the prototype's
-(:meth:`Facets.steer`): statements of the facet in other words come up with the ones that
-share the question's words, and the newest of them goes first.
+(home, employer, partner, car, dentist, ...), known by examples
+(:mod:`inferscale_core.facet_examples`: ~14 chat messages that state it, mostly in passing, and
+~5 questions that ask for it). A text's score for a facet is the mean cosine of its
+:data:`FACET_NEIGHBOURS` nearest examples of that facet: a nearest-neighbour classifier, which
+keeps a facet said in several ways ("got the keys to the house", "our street is so loud") where
+one mean of its phrases blurred them (26 facets with their own examples against 16 described by
+2-4 phrases each: current-first on seven life sets 5.74 -> 6.16 summed, docs/BENCHMARKS.md). A
+question whose best score is at least :data:`FACET_SCORE`, ahead of the next facet's by
+:data:`FACET_MARGIN`, asks about that facet, and the retriever also searches with the
+question's vector plus the facet's *prototype*, the mean of its statements (:meth:`Facets.steer`):
+statements of the facet in other words come up with the ones that share the question's words,
+and the newest of them goes first. A stored fact's facet is its best among the statements.
 
-The phrases are generic (what a personal assistant is told about: the kinds of attribute
-Mem0's and Zep's user profiles keep), written from the list of attributes, not from the
-questions of any set they are measured on. Nothing is closed or hidden by a facet: it only
-adds a list to the fusion of a question about the present and puts one of its facts first.
-Measured in docs/BENCHMARKS.md ("What is true now").
+Nothing is closed or hidden by a facet: it only adds a list to the fusion of a question about
+the present and puts one of its facts first. The examples' embeddings are computed once per
+embedder (~1.5 s on two cores) and kept in the cache folder (``facets-<digest>.npy``), so a
+later process reads them in milliseconds. Measured in docs/BENCHMARKS.md ("What is true now").
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import threading
+from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from inferscale_core.embedder import Embedder
+from inferscale_core.facet_examples import QUESTIONS, STATEMENTS
+from inferscale_core.files import write_atomic
+from inferscale_core.paths import cache_dir
 
-FACETS: dict[str, tuple[str, ...]] = {
-    "home": (
-        "where I live",
-        "I moved to a new flat in another city",
-        "my home, my apartment, my house",
-        "the neighbourhood I live in",
-    ),
-    "work": (
-        "where I work",
-        "my job and my employer",
-        "I started a new job at a company",
-        "my role and job title at work",
-    ),
-    "pay": ("how much I earn", "my salary and pay", "my income per year"),
-    "rent": ("how much rent I pay", "my rent each month"),
-    "partner": (
-        "my partner",
-        "my boyfriend or girlfriend, husband or wife",
-        "I am dating someone new",
-        "we broke up",
-    ),
-    "pet": ("my pet", "my dog or cat", "we adopted a new puppy or kitten"),
-    "vehicle": ("the car I drive", "my car or motorbike", "I bought a new car"),
-    "commute": ("how I get to work", "my commute by bus, train, bike or on foot"),
-    "device": ("my phone", "my laptop or computer", "I got a new phone"),
-    "sport": ("the sport I do", "my exercise and gym", "the team or club I train with"),
-    "diet": ("what I can eat", "my diet and foods I avoid", "a food allergy or intolerance"),
-    "learning": ("what I am learning", "a language or course I study", "classes I take"),
-    "reading": ("the book I am reading", "the show or series I am watching"),
-    "boss": ("my boss", "my manager or supervisor at work", "who I report to"),
-    "music": ("the instrument I play", "my band or choir"),
-    "health": ("my doctor or dentist", "my health and illness"),
-}
-"""Facet -> phrases that describe it; the prototype is the mean of their embeddings."""
+logger = logging.getLogger(__name__)
 
-FACET_SCORE = 0.45
-"""The least cosine between a question and a facet's prototype for the question to ask about
-it (the held-out life set's update questions: 0.42-0.75, the life set's 0.27-0.77)."""
-FACET_MARGIN = 0.05
+FACETS: dict[str, tuple[str, ...]] = STATEMENTS
+"""Facet -> chat messages that state it (:mod:`inferscale_core.facet_examples`)."""
+
+FACET_NEIGHBOURS = 3
+"""A text's score for a facet: the mean cosine of its this many nearest examples of it (1 and
+2 scored 0.07 below on the seven life sets, 5 0.2 below)."""
+FACET_SCORE = 0.5
+"""The least score of a question for a facet for it to ask about it (0.45: 0.07 below on the
+seven life sets, 0.55: 0.38 below)."""
+FACET_MARGIN = 0.03
 """How far the best facet must lead the next one (a question between two asks neither)."""
 FACET_FLOOR = 0.4
 """For a question with a facet, the newest of the steered search's candidates whose own nearest
@@ -80,15 +65,63 @@ FACET_MIX = 1.0
 """The prototype's weight in the steered query ``normalize(question + FACET_MIX * prototype)``."""
 
 
-_PROTOTYPES: dict[str, torch.Tensor] = {}  # embedder name -> [facets, dim]
+class _Examples:
+    """The examples' unit embeddings under one embedder and what each is."""
+
+    def __init__(self, vectors: torch.Tensor, facet: torch.Tensor, question: torch.Tensor):
+        self.vectors = vectors  # [examples, dim] float32, unit rows
+        facets = len(FACETS)
+        self.prototypes = F.normalize(
+            torch.stack([vectors[(facet == i) & ~question].mean(dim=0) for i in range(facets)]),
+            dim=1,
+        )  # [facets, dim]: the mean of each facet's statements
+        # [facets, widest]: each facet's statements (then its questions), padded with -1
+        self.statements = _padded([(facet == i) & ~question for i in range(facets)])
+        self.both = _padded([facet == i for i in range(facets)])
+
+    def scores(self, texts: torch.Tensor, questions: bool) -> torch.Tensor:
+        """``[n, facets]``: each of ``texts`` (``[n, dim]`` unit rows)'s mean cosine with its
+        :data:`FACET_NEIGHBOURS` nearest examples of each facet (statements only, or
+        ``questions`` too)."""
+        index = self.both if questions else self.statements  # [facets, widest]
+        cosine = texts.to(torch.float32).cpu() @ self.vectors.T  # [n, examples]
+        padded = torch.cat([cosine, torch.full((len(cosine), 1), -2.0)], dim=1)
+        per_facet = padded[:, index]  # [n, facets, widest]; -1 reads the -2 column
+        return per_facet.topk(FACET_NEIGHBOURS, dim=2).values.mean(dim=2)
+
+
+def _padded(masks: list[torch.Tensor]) -> torch.Tensor:
+    rows = [mask.nonzero().flatten() for mask in masks]
+    widest = max(len(r) for r in rows)
+    out = torch.full((len(rows), widest), -1, dtype=torch.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+def _example_texts() -> tuple[list[str], list[int], list[bool]]:
+    """Every example, its facet's index and whether it is a question."""
+    texts: list[str] = []
+    facet: list[int] = []
+    question: list[bool] = []
+    for i, name in enumerate(FACETS):
+        for asks, said in ((False, FACETS[name]), (True, QUESTIONS.get(name, ()))):
+            texts += said
+            facet += [i] * len(said)
+            question += [asks] * len(said)
+    return texts, facet, question
+
+
+_EXAMPLES: dict[str, _Examples] = {}  # embedder name -> its examples
 _LOCK = threading.Lock()
 
 
 class Facets:
-    """The prototypes of :data:`FACETS` under one embedder, made on first use.
+    """The facet classifier of :data:`FACETS` under one embedder, made on first use.
 
-    Thread-safe. The phrases (~45 short texts, ~0.1-0.3 s on the CPU) are embedded once per
-    process and embedder ``name``: serve's per-user retrievers share them.
+    Thread-safe. The examples (~490 short texts, ~1.5 s on two CPU cores) are embedded once per
+    embedder ``name`` and kept in the cache folder; a process reads them once and serve's
+    per-user retrievers share them.
     """
 
     def __init__(self, embedder: Embedder) -> None:
@@ -96,19 +129,14 @@ class Facets:
         self.names = tuple(FACETS)
 
     def prototypes(self) -> torch.Tensor:
-        """``[len(FACETS), dim]`` float32, each row the normalised mean of a facet's phrases."""
-        name = self.embedder.name
-        with _LOCK:
-            found = _PROTOTYPES.get(name)
-            if found is None:
-                rows = [self.embedder.embed(list(p)).mean(dim=0) for p in FACETS.values()]
-                found = _PROTOTYPES[name] = F.normalize(torch.stack(rows), dim=1)
-            return found
+        """``[len(FACETS), dim]`` float32, each row the normalised mean of a facet's
+        statements."""
+        return self._examples().prototypes
 
     def of(self, query: torch.Tensor) -> tuple[str, float] | None:
-        """The facet ``query`` (``[1, dim]``, a unit vector) asks about and its cosine, or None
+        """The facet ``query`` (``[1, dim]``, a unit vector) asks about and its score, or None
         when no facet is near enough or two are about as near."""
-        scores = self.prototypes() @ query[0].to(torch.float32).cpu()  # [facets]
+        scores = self._examples().scores(query, questions=True)[0]  # [facets]
         best, second = scores.topk(2).values.tolist()
         if best < FACET_SCORE or best - second < FACET_MARGIN:
             return None
@@ -116,10 +144,10 @@ class Facets:
 
     def nearest(self, vectors: torch.Tensor) -> list[str]:
         """The nearest facet of each of ``vectors`` (``[n, dim]`` unit rows): what a stored
-        fact is about, as far as the prototypes tell."""
+        fact is about, as far as the examples tell."""
         if len(vectors) == 0:
             return []
-        scores = vectors.to(torch.float32).cpu() @ self.prototypes().T  # [n, facets]
+        scores = self._examples().scores(vectors, questions=False)  # [n, facets]
         return [self.names[i] for i in scores.argmax(dim=1).tolist()]
 
     def steer(self, query: torch.Tensor, facet: str | None = None) -> torch.Tensor | None:
@@ -134,3 +162,41 @@ class Facets:
         proto = self.prototypes()[self.names.index(facet)]
         moved = query[0].to(torch.float32).cpu() + FACET_MIX * proto
         return F.normalize(moved, dim=0).unsqueeze(0).to(query.device, query.dtype)
+
+    def _examples(self) -> _Examples:
+        name = self.embedder.name
+        with _LOCK:
+            found = _EXAMPLES.get(name)
+            if found is None:
+                texts, facet, question = _example_texts()
+                vectors = _cached_embeddings(self.embedder, texts)
+                found = _EXAMPLES[name] = _Examples(
+                    vectors, torch.tensor(facet), torch.tensor(question)
+                )
+            return found
+
+
+def _cached_embeddings(embedder: Embedder, texts: list[str]) -> torch.Tensor:
+    """``[len(texts), dim]`` unit rows: read from the cache folder when an earlier process
+    embedded the same texts with the same embedder, else embedded and written there. A
+    damaged or unreadable cache file is embedded again (and replaced)."""
+    digest = hashlib.sha256("\n".join([embedder.name, *texts]).encode()).hexdigest()[:24]
+    path: Path | None = None
+    try:
+        path = cache_dir() / f"facets-{digest}.npy"
+        array = np.load(path, allow_pickle=False)
+        if array.shape == (len(texts), embedder.dim) and array.dtype == np.float32:
+            return torch.from_numpy(array)
+        logger.warning("facet examples cache %s has the wrong shape; embedding again", path)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as exc:
+        logger.warning("facet examples cache unreadable (%s); embedding again", exc)
+    vectors = F.normalize(embedder.embed(texts).to(torch.float32).cpu(), dim=1)
+    if path is not None:
+        array = vectors.numpy()
+        try:
+            write_atomic(path, lambda tmp: np.save(tmp, array, allow_pickle=False), suffix=".npy")
+        except OSError as exc:  # a read-only or full cache folder costs time, not the answer
+            logger.warning("could not keep the facet examples in %s: %s", path, exc)
+    return vectors

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from datetime import date
 
+import numpy as np
 import pytest
+import torch
 
+import inferscale_core.facets as facets_module
 import inferscale_core.retriever as retriever_module
 from inferscale_core.facets import FACETS, Facets
 from inferscale_core.retriever import Retriever
@@ -28,6 +31,12 @@ def facets(minilm):
         ("Who is my girlfriend?", "partner"),
         ("How much money do I make?", "pay"),
         ("What is my boss called?", "boss"),
+        # parts of a life that hold one value each, told apart from their neighbours
+        ("Which dentist do I see?", "dentist"),
+        ("Which GP practice am I registered with?", "doctor"),
+        ("What laptop am I working on?", "computer"),
+        ("Which handset do I use?", "phone"),
+        ("What charity do I help out at?", "volunteering"),
         # questions about no part of a life, or about an event, ask about none
         ("What's the capital of France?", None),
         ("Tell me something funny.", None),
@@ -51,6 +60,34 @@ def test_prototypes_are_unit_rows_one_per_facet(facets, minilm):
     steered = facets.steer(query)
     assert steered is not None and abs(float(steered.norm()) - 1) < 1e-5
     assert facets.steer(minilm.embed(["What's the capital of France?"])) is None
+
+
+def test_the_examples_are_embedded_once_and_read_from_the_cache(minilm, tmp_path, monkeypatch):
+    """A second process reads the examples' embeddings from the cache folder instead of
+    embedding ~490 texts again; a damaged cache file is embedded again and replaced."""
+    monkeypatch.setenv("INFERSCALE_CACHE", str(tmp_path))
+    monkeypatch.setattr(facets_module, "_EXAMPLES", {})  # a fresh process
+    made = Facets(minilm).prototypes()
+    (cached,) = tmp_path.glob("facets-*.npy")
+    assert cached.stat().st_mode & 0o777 == 0o600
+    texts, _, _ = facets_module._example_texts()
+    assert np.load(cached).shape == (len(texts), minilm.dim)
+
+    class Counting:  # the same embedder, counting the texts it embeds
+        name, dim, embedded = minilm.name, minilm.dim, 0
+
+        def embed(self, texts):
+            Counting.embedded += len(texts)
+            return minilm.embed(texts)
+
+    monkeypatch.setattr(facets_module, "_EXAMPLES", {})
+    assert torch.equal(Facets(Counting()).prototypes(), made)
+    assert Counting.embedded == 0  # read, not embedded
+    cached.write_bytes(b"not an array")
+    monkeypatch.setattr(facets_module, "_EXAMPLES", {})
+    assert torch.allclose(Facets(Counting()).prototypes(), made, atol=1e-6)
+    assert Counting.embedded == len(texts)
+    assert np.load(cached).shape == (len(texts), minilm.dim)  # replaced
 
 
 LIFE = [
