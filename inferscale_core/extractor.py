@@ -45,9 +45,10 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 # What a sentence of a person's turn does; a fact keeps only the sentences that tell.
 #   asks:   a question ("...?", or one opening "why is", "can I"), or a request to the listener:
-#           it opens with "can you", "do you", "tell me", "I'd like you to", "please" or an
-#           imperative of an assistant's trade ("write", "explain", "summarize"); or it says
-#           "please" or "let's" and tells nothing concrete ("Let's plan it for May, I'm in" tells).
+#           it opens with "can you", "do you", "tell me", "I'd like you to", "please", "(I)
+#           need (dinner) ideas / tips" or an imperative of an assistant's trade ("write",
+#           "explain", "summarize"); or it says "please" or "let's" and tells nothing concrete
+#           ("Let's plan it for May, I'm in" tells).
 #   reacts: it opens with a reaction to what was said ("that helps", "sounds good", "got it",
 #           "thank you", "nice") and tells nothing concrete.
 #   tells:  the rest.
@@ -58,6 +59,7 @@ _ASKS = re.compile(
     r"|(?:what|where|when|who|why|how|which)(?:'s|\s+(?:is|are|was|were|do|does|did|can|should))"
     r"|(?:tell|give|show|help|remind)\s+(?:me|us)"
     r"|let\s+me\s+know|i(?:'d|\s+would)\s+like\s+you|i\s+(?:want|need)\s+you"
+    r"|(?:i\s+)?need\s+(?:\w+\s+)?(?:ideas|suggestions|tips|recommendations)"
     r"|write|explain|summari[sz]e|translate|suggest|recommend|describe|draft|rewrite|brainstorm"
     r")\b",
     re.IGNORECASE,
