@@ -75,6 +75,29 @@ _REACTS = re.compile(
 _CONCRETE = re.compile(r"(?i:\b(?:i|i'm|i've|i'd|i'll|my|mine|we|our|ours)\b)|\d|(?<=\s)[A-Z][a-z]")
 
 
+# A request or question tacked onto a statement after a comma or a dash: "the interview is a
+# week on Friday, can you give me some practice questions?" tells, then asks.
+_TAIL_ASK = re.compile(
+    r"[,;—–]\s*(?=(?:and\s+|but\s+|so\s+)?(?:(?:can|could|would|will)\s+you|do\s+you"
+    r"|(?:got\s+)?any\s+(?:ideas|tips|suggestions)|what\s+(?:do|should|would|can)\s+(?:i|we)"
+    r"|how\s+(?:do|should|can)\s+(?:i|we))\b)",
+    re.IGNORECASE,
+)
+
+
+def split_tail_ask(sentence: str) -> list[str]:
+    """``sentence`` cut before a question or request tacked onto it (:data:`_TAIL_ASK`), the
+    head ending in a full stop; one piece when there is none or the head is under
+    :data:`MIN_WORDS` words ("So, do you ...?", "Also, any tips ...?")."""
+    match = _TAIL_ASK.search(sentence)
+    if match is None:
+        return [sentence]
+    head = sentence[: match.start()].rstrip(" ,;—–")
+    if len(head.split()) < MIN_WORDS:
+        return [sentence]
+    return [head + ".", sentence[match.end() :]]
+
+
 def sentence_kind(sentence: str) -> str:
     """``"asks"``, ``"reacts"`` or ``"tells"``: what one sentence does (rules above)."""
     text = sentence.strip()
@@ -150,7 +173,11 @@ class DeterministicExtractor:
         if turn.speaker.lower() in NOT_FACT_SPEAKERS:
             return []
         # Questions and requests ask, reactions only react: keep the sentences that tell.
-        sentences = (strip_filler(s) for s in _SENTENCE_END.split(" ".join(turn.text.split())))
+        sentences = (
+            strip_filler(part)
+            for s in _SENTENCE_END.split(" ".join(turn.text.split()))
+            for part in split_tail_ask(s)
+        )
         text = " ".join(s for s in sentences if s and sentence_kind(s) == "tells")
         if len(re.findall(r"[A-Za-z\u00C0-\uFFFF]+", text)) < MIN_WORDS:
             return []

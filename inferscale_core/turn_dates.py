@@ -37,6 +37,9 @@ _WEEKS_AGO = re.compile(r"\b(\d{1,2}|a|one|two|three)\s+weeks?\s+ago\b", re.I)
 _NUMBER_WORDS = {"a": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7}
 # (pattern, days from the day said) of the fixed relative words; months and years below
 _SHIFTS = (
+    # "the day before yesterday" starts before its "yesterday": the earlier expression wins
+    (re.compile(r"\b(?:the\s+)?day\s+before\s+yesterday\b", re.I), -2),
+    (re.compile(r"\b(?:the\s+)?day\s+after\s+(?:tomorrow|tmrw)\b", re.I), 2),
     (re.compile(r"\b(?:yesterday|last\s+night|yday)\b", re.I), -1),
     (re.compile(r"\b(?:tomorrow|tmrw|tmr|2moro|tomoz)\b", re.I), 1),
     (re.compile(r"\blast\s+week\b", re.I), -7),
@@ -69,6 +72,13 @@ _WEEKDAY = re.compile(
     r"|sat(?:ur)?|sun)(?:day)?\b(?!\s*(?:\d|the\s+\d|" + _MONTHS + "))",
     re.IGNORECASE,
 )
+# A weekday that recurs ("thursday nights in the church hall", "every Friday") names no day;
+# one a week on ("a week on Friday", "Friday week", "Thursday next week") is a week after the
+# one to come.
+_RECURRING = re.compile(r"\s+(?:nights|mornings|afternoons|evenings)\b", re.IGNORECASE)
+_EVERY = re.compile(r"\bevery\s+$", re.IGNORECASE)
+_WEEK_ON_BEFORE = re.compile(r"\ba\s+week\s+(?:on|from)?\s*$", re.IGNORECASE)
+_WEEK_ON_AFTER = re.compile(r"\s+(?:next\s+)?week\b", re.IGNORECASE)
 # "on the 12th", "by the 3rd": a day of the month said alone ("the 3rd of May" is dateparser's)
 _DAY_OF_MONTH = re.compile(
     r"\b(?:on|by|from|since|until|till|before|after)\s+the\s+(\d{1,2})(?:st|nd|rd|th)\b"
@@ -99,12 +109,15 @@ _HOLIDAY = re.compile(
 # A plan looks forward: "I'll fly on 28 October" is this October's, "I flew on 28 October" too.
 _FUTURE = re.compile(
     r"\b(?:will|shall|going\s+to|gonna|plan(?:s|ning)?\s+to|postponed|rescheduled|next"
-    r"|invited|is\s+booked|appointment|upcoming|coming\s+up)\b"
+    r"|invited|is\s+booked|appointment|upcoming|coming\s+up|start(?:s|ing))\b"
     r"|'ll\b"
     # an arrangement: "we're flying out on the 23rd", "I'm seeing her on Friday", "booked the
     # movers for 23 March"
     r"|\b(?:am|is|are)\s+(?!being\b)\w+ing\b|(?:'m|'re)\s+(?!being\b)\w+ing\b"
-    r"|\b(?:booked|scheduled|arranged|reserved|planned)\b[^.!?]*\bfor\b",
+    r"|\b(?:booked|scheduled|arranged|reserved|planned)\b[^.!?]*\bfor\b"
+    # an event one has coming: "I've got a date with Cormac on Tuesday"
+    r"|(?:'ve|\bhave)\s+got\s+(?:a|an|my|the)\s+(?:\w+\s+)?(?:date|interview|meeting|exam|test"
+    r"|party|wedding|match|game|gig|call|shift|flight|trip|class|lesson|session)s?\b",
     re.IGNORECASE,
 )
 _PAST_TENSE = re.compile(
@@ -156,9 +169,17 @@ def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
         if dom is not None:
             yield match.start(), dom
     for match in _WEEKDAY.finditer(text):
-        if _is_weekday(match):
-            yield match.start(), _weekday(match, day, _tense(text, match.start()))
-            break
+        if not _is_weekday(match) or _recurs(text, match):
+            continue
+        before, after = text[: match.start()], text[match.end() :]
+        if (on := _WEEK_ON_BEFORE.search(before)) or _WEEK_ON_AFTER.match(after):
+            which = (match.group("which") or "").lower()
+            if which in ("", "on", "coming", "this"):  # "a week on Friday", "Thursday next week"
+                start = on.start() if on else match.start()
+                yield start, _weekday_ahead(match, day) + timedelta(weeks=1)
+                break
+        yield match.start(), _weekday(match, day, _tense(text, match.start()))
+        break
     for match in SEASON.finditer(text):  # "last spring", "the summer of 2024": its first day
         if match.group("last") or match.group("year"):  # "I love summer" is no date
             ahead = _tense(text, match.start()) == "future"
@@ -196,6 +217,20 @@ def _is_weekday(match: re.Match[str]) -> bool:
     short forms count only after "on", "last", "this", "next", "coming" or as the full name."""
     word = match.group(0).split()[-1].lower()
     return word.endswith("day") or match.group("which") is not None and len(word) >= 3
+
+
+def _recurs(text: str, match: re.Match[str]) -> bool:
+    """Whether the weekday ``match`` names recurs ("thursday nights", "every Friday")."""
+    return bool(_RECURRING.match(text, match.end()) or _EVERY.search(text[: match.start()])) and (
+        match.group("which") or ""
+    ).lower() not in ("last", "next", "this", "coming")
+
+
+def _weekday_ahead(match: re.Match[str], day: date) -> date:
+    """The next day of ``match``'s weekday after ``day`` (1 to 7 days on)."""
+    name = match.group("day").lower()
+    target = next(i for i, w in enumerate(_WEEKDAYS) if name.startswith(w[:3]))
+    return day + timedelta(days=(target - day.weekday()) % 7 or 7)
 
 
 def _weekday(match: re.Match[str], day: date, tense: str) -> date:

@@ -15,6 +15,7 @@ from inferscale_core.extractor import (
     parse_operations,
     resolve_date,
     sentence_kind,
+    split_tail_ask,
     strip_filler,
 )
 from inferscale_core.types import Fact, Turn
@@ -165,6 +166,26 @@ def test_a_discourse_word_is_filler_only_before_a_pause_or_a_clause():
 )
 def test_sentence_kinds(sentence, kind):
     assert sentence_kind(sentence) == kind
+
+
+def test_a_request_tacked_onto_a_statement_is_cut_off():
+    ops = DeterministicExtractor().extract(
+        Turn(
+            "user",
+            "anyway the interview is a week on Friday, can you give me some practice questions?",
+            datetime(2024, 5, 29, 12),
+        )
+    )
+    assert [(op.text, op.refers_to) for op in ops] == [
+        ("Anyway the interview is a week on Friday.", date(2024, 6, 7))
+    ]
+    assert split_tail_ask("We moved to Porto — how do I register with a doctor?") == [
+        "We moved to Porto.",
+        "how do I register with a doctor?",
+    ]
+    assert split_tail_ask("Can you help?") == ["Can you help?"]
+    assert split_tail_ask("So, do you have any pets?") == ["So, do you have any pets?"]
+    assert split_tail_ask("I told her, and she said no.") == ["I told her, and she said no."]
 
 
 def test_a_turn_keeps_its_statements_and_drops_its_requests():

@@ -2,7 +2,9 @@
 
 The sentences are of the kinds the life sets' writers used (bench/data/life-dev4.json and
 life-dev5.json, dated by hand), re-worded here: "on the 12th", a weekday whose tense is told by
-its own clause, "the weekend before last", "tmrw", a holiday, and a first expression that wins.
+its own clause, "the weekend before last", "tmrw", a holiday, and a first expression that wins;
+and of the misdated turns of life-dev6 and -dev7, re-worded ("the day before yesterday", "a week
+on Friday", "Thursday next week", "thursday nights ... last Thursday", "starting 6 January").
 """
 
 from datetime import date, datetime
@@ -56,6 +58,19 @@ SUN = datetime(2024, 1, 14, 9, 0)  # a Sunday
         ("Next fall I'm starting a master's.", SAT, date(2026, 9, 1)),
         ("We moved to Porto in the summer of 2023.", SAT, date(2023, 6, 1)),
         ("I love summer, the long evenings.", SAT, date(2025, 12, 6)),
+        # two days off, a week on, a weekday that recurs, an event one has coming, a start
+        ("Results came out the day before yesterday, I passed!", SAT, date(2025, 12, 4)),
+        ("My flight is the day after tomorrow.", THU, date(2024, 12, 14)),
+        ("The interview is a week on Friday.", THU, date(2024, 12, 20)),
+        ("The party is on Friday week.", THU, date(2024, 12, 20)),
+        ("First video call is Thursday next week.", datetime(2024, 8, 20), date(2024, 8, 29)),
+        ("Joined a choir, thursday nights in the hall. First rehearsal was last Thursday.",
+         datetime(2025, 3, 5), date(2025, 2, 27)),
+        ("I see my mum every Sunday, we had lunch on Monday.", THU, date(2024, 12, 9)),
+        ("i've got a date with a guy called Cormac on Tuesday", SAT, date(2025, 12, 9)),
+        ("Got a charge nurse job at the Royal, starting 6 January.", datetime(2024, 12, 28),
+         date(2025, 1, 6)),
+        ("I started there on 6 January.", datetime(2025, 1, 28), date(2025, 1, 6)),
     ],
 )  # fmt: skip
 def test_a_turns_day(text, said, expected):
