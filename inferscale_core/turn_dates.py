@@ -171,14 +171,13 @@ def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
     for match in _WEEKDAY.finditer(text):
         if not _is_weekday(match) or _recurs(text, match):
             continue
-        before, after = text[: match.start()], text[match.end() :]
-        if (on := _WEEK_ON_BEFORE.search(before)) or _WEEK_ON_AFTER.match(after):
-            which = (match.group("which") or "").lower()
-            if which in ("", "on", "coming", "this"):  # "a week on Friday", "Thursday next week"
-                start = on.start() if on else match.start()
-                yield start, _weekday_ahead(match, day) + timedelta(weeks=1)
-                break
-        yield match.start(), _weekday(match, day, _tense(text, match.start()))
+        on = _WEEK_ON_BEFORE.search(text, 0, match.start())  # "a week on Friday"
+        week_on = on or _WEEK_ON_AFTER.match(text, match.end())  # "Thursday next week"
+        if week_on and (match.group("which") or "").lower() not in ("last", "next"):
+            start = on.start() if on else match.start()
+            yield start, _weekday_ahead(match, day) + timedelta(weeks=1)
+        else:
+            yield match.start(), _weekday(match, day, _tense(text, match.start()))
         break
     for match in SEASON.finditer(text):  # "last spring", "the summer of 2024": its first day
         if match.group("last") or match.group("year"):  # "I love summer" is no date
@@ -221,27 +220,29 @@ def _is_weekday(match: re.Match[str]) -> bool:
 
 def _recurs(text: str, match: re.Match[str]) -> bool:
     """Whether the weekday ``match`` names recurs ("thursday nights", "every Friday")."""
-    return bool(_RECURRING.match(text, match.end()) or _EVERY.search(text[: match.start()])) and (
+    return bool(_RECURRING.match(text, match.end()) or _EVERY.search(text, 0, match.start())) and (
         match.group("which") or ""
     ).lower() not in ("last", "next", "this", "coming")
 
 
+def _target(match: re.Match[str]) -> int:
+    """The weekday ``match`` names (Monday 0)."""
+    name = match.group("day").lower()
+    return next(i for i, w in enumerate(_WEEKDAYS) if name.startswith(w[:3]))
+
+
 def _weekday_ahead(match: re.Match[str], day: date) -> date:
     """The next day of ``match``'s weekday after ``day`` (1 to 7 days on)."""
-    name = match.group("day").lower()
-    target = next(i for i, w in enumerate(_WEEKDAYS) if name.startswith(w[:3]))
-    return day + timedelta(days=(target - day.weekday()) % 7 or 7)
+    return day + timedelta(days=(_target(match) - day.weekday()) % 7 or 7)
 
 
 def _weekday(match: re.Match[str], day: date, tense: str) -> date:
     """The day a weekday names: "last" the one of last week, "next" the one of next week (a
     week from Sunday), "coming" the one to come, else by the sentence's tense, else the nearer
     one (the one to come on a tie)."""
-    name = match.group("day").lower()
-    target = next(i for i, w in enumerate(_WEEKDAYS) if name.startswith(w[:3]))
-    ahead = (target - day.weekday()) % 7 or 7  # days to the next one, 1..7
+    target = _target(match)
     before = day - timedelta(days=(day.weekday() - target) % 7 or 7)
-    after = day + timedelta(days=ahead)
+    after = _weekday_ahead(match, day)
     which = (match.group("which") or "").lower()
     # weeks from Sunday, as people count them here: "last Friday" said on a Saturday is 8
     # days ago, said on a Sunday 2; "next Friday" said on a Thursday is in 8 days
