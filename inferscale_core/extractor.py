@@ -72,6 +72,13 @@ _REACTS = re.compile(
     r"|good|true|exactly|sure)\b",
     re.IGNORECASE,
 )
+# "i have a date tmrw??", "we're getting a puppy?!": news said in disbelief, with the word
+# order of a statement (I, we or my first, then no "should", "could", ...), tells
+_EXCITED_NEWS = re.compile(
+    r"^(?:i|i'm|i've|we|we're|we've|my|our)\b(?!\s+(?:should|could|would|can|might|shall)\b)"
+    r".*(?:\?\?|\?!|!\?)$",
+    re.IGNORECASE,
+)
 _CONCRETE = re.compile(r"(?i:\b(?:i|i'm|i've|i'd|i'll|my|mine|we|our|ours)\b)|\d|(?<=\s)[A-Z][a-z]")
 
 
@@ -102,7 +109,12 @@ def sentence_kind(sentence: str) -> str:
     """``"asks"``, ``"reacts"`` or ``"tells"``: what one sentence does (rules above)."""
     text = sentence.strip()
     concrete = _CONCRETE.search(text) is not None
-    if text.endswith("?") or _ASKS.match(text) or (_SOFT_ASKS.search(text) and not concrete):
+    if (
+        text.endswith("?")
+        and not _EXCITED_NEWS.match(text)
+        or _ASKS.match(text)
+        or (_SOFT_ASKS.search(text) and not concrete)
+    ):
         return "asks"
     if _REACTS.match(text) and not concrete:
         return "reacts"

@@ -34,7 +34,17 @@ _CLAUSE = re.compile(r"[^,.!?;:—–]+[,.!?;:—–]*")
 
 _DAYS_AGO = re.compile(r"\b(\d{1,3}|a|one|two|three|four|five|six|seven)\s+days?\s+ago\b", re.I)
 _WEEKS_AGO = re.compile(r"\b(\d{1,2}|a|one|two|three)\s+weeks?\s+ago\b", re.I)
-_NUMBER_WORDS = {"a": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7}
+# "two years ago", "a couple of months ago", "18 months ago": the same day that many back
+_MONTHS_AGO = re.compile(
+    r"\b(\d{1,2}|a|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|eighteen"
+    r"|a\s+couple\s+of|a\s+few)\s+(months?|years?)\s+ago\b",
+    re.I,
+)
+_NUMBER_WORDS = {
+    "a": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
+    "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "eighteen": 18,
+    "a couple of": 2, "a few": 3,
+}  # fmt: skip
 # (pattern, days from the day said) of the fixed relative words; months and years below
 _SHIFTS = (
     # "the day before yesterday" starts before its "yesterday": the earlier expression wins
@@ -44,6 +54,13 @@ _SHIFTS = (
     (re.compile(r"\b(?:tomorrow|tmrw|tmr|2moro|tomoz)\b", re.I), 1),
     (re.compile(r"\blast\s+week\b", re.I), -7),
     (re.compile(r"\bnext\s+week\b", re.I), 7),
+)
+# "last week" and, later in its sentence or the next, a weekday alone ("on Wednesday"): the
+# weekday's match (its groups as _WEEKDAY's), found from "last week" on
+_LAST_WEEK_ON = re.compile(
+    r"\blast\s+week\b[^.!?;]*?(?:[.!?;]+[^.!?;]*?)?"
+    r"\b(?:(?P<which>on)\s+)?(?P<day>mon|tues?|wed(?:nes)?|thur?s?|fri|sat(?:ur)?|sun)(?:day)?\b",
+    re.IGNORECASE,
 )
 _LAST_MONTH = re.compile(r"\blast\s+month\b", re.I)
 _LAST_YEAR = re.compile(r"\blast\s+year\b", re.I)
@@ -153,6 +170,14 @@ def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
         yield match.start(), day - timedelta(days=_count(match.group(1)))
     if match := _WEEKS_AGO.search(text):
         yield match.start(), day - timedelta(weeks=_count(match.group(1)))
+    if match := _MONTHS_AGO.search(text):
+        months = _count(match.group(1)) * (12 if match.group(2)[0] in "yY" else 1)
+        yield match.start(), _months_before(day, months)
+    if (match := _LAST_WEEK_ON.search(text)) and _is_weekday(match):
+        # "last week ... the Alhambra on Wednesday": that weekday of last week (from Monday);
+        # at the start of "last week", yielded first, so it wins over the week's -7 days
+        monday = day - timedelta(days=day.weekday() + 7)
+        yield match.start(), monday + timedelta(days=_target(match))
     for pattern, shift in _SHIFTS:
         if match := pattern.search(text):
             yield match.start(), day + timedelta(days=shift)
@@ -189,7 +214,16 @@ def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
 
 
 def _count(word: str) -> int:
-    return int(word) if word.isdigit() else _NUMBER_WORDS[word.lower()]
+    return int(word) if word.isdigit() else _NUMBER_WORDS[" ".join(word.lower().split())]
+
+
+def _months_before(day: date, months: int) -> date:
+    """The same day of the month ``months`` months before ``day`` (the month's last day
+    where it is shorter: 31 March less a month is 28 or 29 February)."""
+    index = day.year * 12 + day.month - 1 - months
+    year, month = divmod(index, 12)
+    first_of_next = date(year + (month == 11), (month + 1) % 12 + 1, 1)
+    return date(year, month + 1, min(day.day, (first_of_next - timedelta(days=1)).day))
 
 
 def _part_at(text: str, at: int, parts: re.Pattern[str]) -> str:
@@ -237,19 +271,20 @@ def _weekday_ahead(match: re.Match[str], day: date) -> date:
 
 
 def _weekday(match: re.Match[str], day: date, tense: str) -> date:
-    """The day a weekday names: "last" the one of last week, "next" the one of next week (a
-    week from Sunday), "coming" the one to come, else by the sentence's tense, else the nearer
-    one (the one to come on a tie)."""
+    """The day a weekday names: "last" the latest one at least two days back, "next" the one
+    of next week (a week from Sunday), "coming" the one to come, else by the sentence's
+    tense, else the nearer one (the one to come on a tie)."""
     target = _target(match)
     before = day - timedelta(days=(day.weekday() - target) % 7 or 7)
     after = _weekday_ahead(match, day)
     which = (match.group("which") or "").lower()
-    # weeks from Sunday, as people count them here: "last Friday" said on a Saturday is 8
-    # days ago, said on a Sunday 2; "next Friday" said on a Thursday is in 8 days
+    # "last Friday" is the latest Friday at least two days back (yesterday is "yesterday"):
+    # said on a Saturday 8 days ago, on a Sunday 2; "last Sunday" said on a Saturday is 6
+    # days ago. "next Friday" counts weeks from Sunday: said on a Thursday, in 8 days
+    if which == "last":
+        return before if (day - before).days >= 2 else before - timedelta(weeks=1)
     sunday = day - timedelta(days=(day.weekday() + 1) % 7)
     from_sunday = (target + 1) % 7
-    if which == "last":
-        return sunday - timedelta(days=7 - from_sunday)
     if which == "next":
         return sunday + timedelta(days=7 + from_sunday)
     if which == "coming" or tense == "future":

@@ -162,6 +162,12 @@ def test_a_discourse_word_is_filler_only_before_a_pause_or_a_clause():
         ("Thanks, that's where Ana lives.", "tells"),
         ("That was the best concert of my life.", "tells"),
         ("My dog Miso is grey.", "tells"),
+        # news said in disbelief tells; a question in a statement's words still asks
+        ("i have a date tmrw??", "tells"),
+        ("We're getting a puppy?!", "tells"),
+        ("I should quit??", "asks"),
+        ("I have a question?", "asks"),
+        ("Is it too soon??", "asks"),
     ],
 )
 def test_sentence_kinds(sentence, kind):

@@ -4,7 +4,9 @@ The sentences are of the kinds the life sets' writers used (bench/data/life-dev4
 life-dev5.json, dated by hand), re-worded here: "on the 12th", a weekday whose tense is told by
 its own clause, "the weekend before last", "tmrw", a holiday, and a first expression that wins;
 and of the misdated turns of life-dev6 and -dev7, re-worded ("the day before yesterday", "a week
-on Friday", "Thursday next week", "thursday nights ... last Thursday", "starting 6 January").
+on Friday", "Thursday next week", "thursday nights ... last Thursday", "starting 6 January");
+"two years ago", left undated in an app try; and life-dev4's "last week ... on Wednesday" and
+life-dev6's "last sunday" said on a Saturday (six days back, not thirteen).
 """
 
 from datetime import date, datetime
@@ -35,9 +37,16 @@ SUN = datetime(2024, 1, 14, 9, 0)  # a Sunday
         ("First meetup was wednesday, we're reading Americanah.", SAT, date(2025, 12, 3)),
         ("amani and i broke up on wednesday. im ok", SAT, date(2025, 12, 3)),
         ("Regatta on Sunday: our boat came fourth of six.", THU, date(2024, 12, 8)),
-        # "last" and "next" count weeks from Sunday
+        # "last" is the latest one at least two days back; "next" counts weeks from Sunday
         ("went to the concert last friday, he's my guy now", SAT, date(2025, 11, 28)),
         ("Padel was brutal last Wednesday, lost 6-1 6-2.", SUN, date(2024, 1, 10)),
+        ("Cormac took the kids to the science centre last sunday.", datetime(2024, 4, 20),
+         date(2024, 4, 14)),
+        ("Last Saturday we painted the hall.", SUN, date(2024, 1, 6)),
+        # "last week" and a weekday after it: that day of last week
+        ("Took the train to Granada last week. The Alhambra on Wednesday, then tapas.",
+         datetime(2025, 10, 21), date(2025, 10, 15)),
+        ("Went to Lisbon last week, it rained.", datetime(2025, 10, 21), date(2025, 10, 14)),
         ("Next Friday I'm seeing my sister.", THU, date(2024, 12, 20)),
         # weekends, short forms, holidays, a day and a month without its year
         ("My night shots the weekend before last were all blurry.", THU, date(2024, 11, 30)),
@@ -58,6 +67,12 @@ SUN = datetime(2024, 1, 14, 9, 0)  # a Sunday
         ("Next fall I'm starting a master's.", SAT, date(2026, 9, 1)),
         ("We moved to Porto in the summer of 2023.", SAT, date(2023, 6, 1)),
         ("I love summer, the long evenings.", SAT, date(2025, 12, 6)),
+        # months and years ago: the same day that many back (a shorter month: its last day)
+        ("We adopted Pepper two years ago.", SAT, date(2023, 12, 6)),
+        ("Started the job 18 months ago and still love it.", SAT, date(2024, 6, 6)),
+        ("I quit smoking a couple of months ago.", SAT, date(2025, 10, 6)),
+        ("Broke my wrist a year ago today.", datetime(2024, 2, 29), date(2023, 2, 28)),
+        ("Moved in 3 months ago.", datetime(2025, 5, 31), date(2025, 2, 28)),
         # two days off, a week on, a weekday that recurs, an event one has coming, a start
         ("Results came out the day before yesterday, I passed!", SAT, date(2025, 12, 4)),
         ("My flight is the day after tomorrow.", THU, date(2024, 12, 14)),
