@@ -1,10 +1,11 @@
 """The time a question asks about: an interval of days, and whether it looks at the past.
 
 "What did I do in September 2024?" names ``[2024-09-01, 2024-10-01)``; "last March", "in
-2023", "spring 2024", "last month", "last weekend", "on 12 March" name theirs against the
-day the question is asked (``today``). A month or season without a year is the latest one that
-has begun ("in September", asked in May 2025: September 2024). The retriever puts the facts
-that held in the interval first (:meth:`FactLog.facts_valid_in`).
+2023", "spring 2024", "at the start of 2024" (its first quarter; "the end of" its last, "the
+first half", "mid-2024", "Q3 2024"), "last month", "last weekend", "on 12 March" name theirs
+against the day the question is asked (``today``). A month or season without a year is the
+latest one that has begun ("in September", asked in May 2025: September 2024). The retriever
+puts the facts that held in the interval first (:meth:`FactLog.facts_valid_in`).
 
 :func:`asks_about_past` says whether a question wants an earlier state of things: it names an
 interval that ended before today, or says "used to", "before", "previously", "my old ...",
@@ -64,6 +65,22 @@ _YEAR_ONLY = re.compile(
     rf"\b(?:in|during|of|since|before|throughout|from)\s+{_YEAR}\b|\b(?P<y2>(?:19|20)\d\d)(?=\s*\?)",
     re.IGNORECASE,
 )
+# a part of a year: "at the start of 2024", "in the first half of last year", "late 2023",
+# "mid-2024", "Q3 2024": its months, [first, last + 1) (past 12: January of the year after)
+_YEAR_PART = re.compile(
+    r"\b(?:(?:the\s+)?(?P<part>start|beginning|first\s+half|second\s+half|middle|end"
+    r"|(?:first|second|third|fourth|last)\s+quarter)\s+of"
+    r"|(?P<early>early|mid|late)-?|(?P<q>q[1-4]))"
+    rf"\s*(?:{_YEAR}|(?P<which>last|this)\s+year)\b",
+    re.IGNORECASE,
+)
+_PART_MONTHS = {
+    "start": (1, 4), "beginning": (1, 4), "early": (1, 4), "first quarter": (1, 4),
+    "q1": (1, 4), "second quarter": (4, 7), "q2": (4, 7), "first half": (1, 7),
+    "middle": (5, 9), "mid": (5, 9), "second half": (7, 13), "third quarter": (7, 10),
+    "q3": (7, 10), "end": (10, 13), "late": (10, 13), "fourth quarter": (10, 13),
+    "last quarter": (10, 13), "q4": (10, 13),
+}  # fmt: skip
 _RELATIVE = re.compile(
     r"\b(?P<which>last|this|past|previous)\s+(?P<unit>week|weekend|month|year)\b"
     r"|\b(?P<day>yesterday|today)\b",
@@ -187,6 +204,11 @@ def question_interval(question: str, today: date) -> Interval | None:
         ):
             year -= 1  # "last May", asked in May: a year ago
         return _month(year, month)
+    if match := _YEAR_PART.search(question):
+        part = " ".join((match.group("part") or match.group("early") or match.group("q")).split())
+        first, after = _PART_MONTHS[part.casefold()]
+        year = int(match.group("year") or today.year - (match.group("which").casefold() == "last"))
+        return date(year, first, 1), date(year + after // 13, (after - 1) % 12 + 1, 1)
     if match := SEASON.search(question):
         named = match.group("year") or _year_named(question)  # "summer holiday in 2024"
         return season_interval(match, today, int(named) if named else None)

@@ -51,6 +51,8 @@ _SHIFTS = (
     (re.compile(r"\b(?:the\s+)?day\s+before\s+yesterday\b", re.I), -2),
     (re.compile(r"\b(?:the\s+)?day\s+after\s+(?:tomorrow|tmrw)\b", re.I), 2),
     (re.compile(r"\b(?:yesterday|last\s+night|yday)\b", re.I), -1),
+    # the day said, but said first: "Cremà tonight. ... went up last year" tells of tonight
+    (re.compile(r"\b(?:tonight|today|this\s+(?:morning|afternoon|evening))\b", re.I), 0),
     (re.compile(r"\b(?:tomorrow|tmrw|tmr|2moro|tomoz)\b", re.I), 1),
     (re.compile(r"\blast\s+week\b", re.I), -7),
     (re.compile(r"\bnext\s+week\b", re.I), 7),

@@ -38,6 +38,13 @@ TODAY = date(2025, 12, 20)  # a Saturday
         ("What did I eat on March 3rd, 2024?", date(2024, 3, 3), date(2024, 3, 4)),
         ("Who did I see in Jun?", date(2025, 6, 1), date(2025, 7, 1)),  # after "in": a month
         ("Who came to the party at the end of April?", date(2025, 4, 1), date(2025, 5, 1)),
+        # a part of a year, as the life sets' writers bound it
+        ("What car did I have at the start of 2024?", date(2024, 1, 1), date(2024, 4, 1)),
+        ("Who was I dating in the first half of 2024?", date(2024, 1, 1), date(2024, 7, 1)),
+        ("What was I taking at the end of 2024?", date(2024, 10, 1), date(2025, 1, 1)),
+        ("Where was I in mid-2023?", date(2023, 5, 1), date(2023, 9, 1)),
+        ("What did I do early last year?", date(2024, 1, 1), date(2024, 4, 1)),
+        ("Any trips in Q3 2024?", date(2024, 7, 1), date(2024, 10, 1)),
         ("June was busy, what did I do?", date(2025, 6, 1), date(2025, 7, 1)),
     ],
 )

@@ -47,6 +47,9 @@ SUN = datetime(2024, 1, 14, 9, 0)  # a Sunday
         ("Took the train to Granada last week. The Alhambra on Wednesday, then tapas.",
          datetime(2025, 10, 21), date(2025, 10, 15)),
         ("Went to Lisbon last week, it rained.", datetime(2025, 10, 21), date(2025, 10, 14)),
+        # said first, "tonight" wins over a later "last year"
+        ("Cremà tonight. The falla went up at midnight last year.", datetime(2024, 3, 19),
+         date(2024, 3, 19)),
         ("Next Friday I'm seeing my sister.", THU, date(2024, 12, 20)),
         # weekends, short forms, holidays, a day and a month without its year
         ("My night shots the weekend before last were all blurry.", THU, date(2024, 11, 30)),
