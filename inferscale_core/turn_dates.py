@@ -128,7 +128,7 @@ _HOLIDAY = re.compile(
 # A plan looks forward: "I'll fly on 28 October" is this October's, "I flew on 28 October" too.
 _FUTURE = re.compile(
     r"\b(?:will|shall|going\s+to|gonna|plan(?:s|ning)?\s+to|postponed|rescheduled|next"
-    r"|invited|is\s+booked|appointment|upcoming|coming\s+up|start(?:s|ing))\b"
+    r"|invited|is\s+booked|upcoming|coming\s+up|start(?:s|ing))\b"
     r"|'ll\b"
     # an arrangement: "we're flying out on the 23rd", "I'm seeing her on Friday", "booked the
     # movers for 23 March"
@@ -139,8 +139,12 @@ _FUTURE = re.compile(
     r"|party|wedding|match|game|gig|call|shift|flight|trip|class|lesson|session)s?\b",
     re.IGNORECASE,
 )
+# a plan by its noun alone: "first appointment was on the 26th" is past, its verb says so
+_WEAK_FUTURE = re.compile(r"\bappointments?\b", re.IGNORECASE)
 _PAST_TENSE = re.compile(
-    r"\b(?:was|were|went|did|had|got|came|left|flew|ran|saw|met|spent|bought|took|made"
+    # "got" but not "I've got" (what one has)
+    r"\b(?:was|were|went|did|had|(?<!'ve )(?<!have )(?<!has )got|came|left|flew|ran|saw|met"
+    r"|spent|bought|took|made"
     r"|began|won|lost|gave|found|sold|drove|wrote|broke|sat|told|said|felt|kept|slept|heard"
     r"|paid|fell|knew|thought|brought|caught|taught|wore|rode|swam|sang|ate|drank|fought"
     r"|threw|chose|forgot|woke|shook|stood|understood|sent|built|lent|meant|read\s+it"
@@ -244,6 +248,8 @@ def _tense(text: str, at: int) -> str:
             return "future"
         if _PAST_TENSE.search(part):
             return "past"
+        if _WEAK_FUTURE.search(part):
+            return "future"
     return ""
 
 
@@ -274,7 +280,7 @@ def _weekday_ahead(match: re.Match[str], day: date) -> date:
 
 def _weekday(match: re.Match[str], day: date, tense: str) -> date:
     """The day a weekday names: "last" the latest one at least two days back, "next" the one
-    of next week (a week from Sunday), "coming" the one to come, else by the sentence's
+    of next week (weeks from Monday), "coming" the one to come, else by the sentence's
     tense, else the nearer one (the one to come on a tie)."""
     target = _target(match)
     before = day - timedelta(days=(day.weekday() - target) % 7 or 7)
@@ -282,13 +288,12 @@ def _weekday(match: re.Match[str], day: date, tense: str) -> date:
     which = (match.group("which") or "").lower()
     # "last Friday" is the latest Friday at least two days back (yesterday is "yesterday"):
     # said on a Saturday 8 days ago, on a Sunday 2; "last Sunday" said on a Saturday is 6
-    # days ago. "next Friday" counts weeks from Sunday: said on a Thursday, in 8 days
+    # days ago. "next Friday" is next week's, weeks from Monday: said on a Thursday, in 8
+    # days; said on a Sunday, in 5
     if which == "last":
         return before if (day - before).days >= 2 else before - timedelta(weeks=1)
-    sunday = day - timedelta(days=(day.weekday() + 1) % 7)
-    from_sunday = (target + 1) % 7
-    if which == "next":
-        return sunday + timedelta(days=7 + from_sunday)
+    if which == "next":  # the one of next week, weeks from Monday
+        return day - timedelta(days=day.weekday()) + timedelta(days=7 + target)
     if which == "coming" or tense == "future":
         return after
     if tense == "past":
@@ -298,7 +303,9 @@ def _weekday(match: re.Match[str], day: date, tense: str) -> date:
 
 def _day_of_month(dom: int, day: date, tense: str) -> date | None:
     """Day ``dom`` of the month said in, the month before or after: the nearest past one for a
-    past sentence, the nearest one to come for a future one, else this month's."""
+    past sentence, the nearest one to come for a future one, else this month's unless it is
+    over a week gone ("the sale is on the 6th" said on 22 November is 6 December), and the
+    nearest where this month has no such day."""
     options = []
     for shift in (-1, 0, 1):
         year, month = divmod(day.year * 12 + day.month - 1 + shift, 12)
@@ -306,8 +313,10 @@ def _day_of_month(dom: int, day: date, tense: str) -> date | None:
             options.append(date(year, month + 1, dom))
         except ValueError:  # the 31st of a month of 30 days
             continue
-    if not tense and any(d.month == day.month for d in options):  # neither: this month's
-        options = [d for d in options if d.month == day.month]
+    this = [d for d in options if d.month == day.month]
+    if not tense and this:  # neither: this month's, or next month's once over a week gone
+        later = [d for d in options if d > this[0]]
+        return later[0] if (day - this[0]).days > 7 and later else this[0]
     return _by_tense(options, day, tense) if options else None
 
 

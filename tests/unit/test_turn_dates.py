@@ -6,7 +6,8 @@ its own clause, "the weekend before last", "tmrw", a holiday, and a first expres
 and of the misdated turns of life-dev6 and -dev7, re-worded ("the day before yesterday", "a week
 on Friday", "Thursday next week", "thursday nights ... last Thursday", "starting 6 January");
 "two years ago", left undated in an app try; and life-dev4's "last week ... on Wednesday" and
-life-dev6's "last sunday" said on a Saturday (six days back, not thirteen).
+life-dev6's "last sunday" said on a Saturday (six days back, not thirteen); and the misdated
+turns of life-dev8 and -dev9, measured before any change.
 """
 
 from datetime import date, datetime
@@ -47,6 +48,18 @@ SUN = datetime(2024, 1, 14, 9, 0)  # a Sunday
         ("Took the train to Granada last week. The Alhambra on Wednesday, then tapas.",
          datetime(2025, 10, 21), date(2025, 10, 15)),
         ("Went to Lisbon last week, it rained.", datetime(2025, 10, 21), date(2025, 10, 14)),
+        # "next" is next week's from Monday: said on a Sunday, the coming week's (life-dev9)
+        ("Flying to Chennai next Saturday for three weeks.", datetime(2024, 12, 15),
+         date(2024, 12, 21)),
+        ("Her birthday is next Friday, picnic in the Stadtpark.", datetime(2025, 4, 27),
+         date(2025, 5, 2)),
+        # a plan's noun does not outweigh a past verb; "i've got" is no past; a day of the month
+        # said without tense over a week gone is next month's (life-dev8)
+        ("Registered with a gp, first appointment was on the 26th.", datetime(2025, 8, 30),
+         date(2025, 8, 26)),
+        ("The christmas sale is on the 6th and i've got 4 mugs in it.", datetime(2025, 11, 22),
+         date(2025, 12, 6)),
+        ("My dentist appointment is on the 3rd.", datetime(2025, 11, 22), date(2025, 12, 3)),
         # said first, "tonight" wins over a later "last year"
         ("Cremà tonight. The falla went up at midnight last year.", datetime(2024, 3, 19),
          date(2024, 3, 19)),
