@@ -87,7 +87,7 @@ from inferscale_core.retriever_newer import (
     ends_it,
     newest_restatement,
 )
-from inferscale_core.retriever_people import agrees, asked_about
+from inferscale_core.retriever_people import Mention, agrees, asked_about, mentions
 from inferscale_core.time_query import (
     asks_about_past,
     asks_about_present,
@@ -504,7 +504,8 @@ class Retriever:
     ) -> list[Hit]:
         """For a question about the present: each of the first ``NEWER_ANCHORS`` open hits
         gets, just above it, the newest fact said after it that restates the same thing
-        (:func:`~inferscale_core.retriever_newer.newest_restatement`), read from the index."""
+        (:func:`~inferscale_core.retriever_newer.newest_restatement`), read from the index; a
+        later fact naming the anchor's person by another relation is about someone else."""
         anchors = [h.fact.id for h in hits[:NEWER_ANCHORS] if h.fact.valid_until is None]
         if not anchors:
             return hits
@@ -521,6 +522,12 @@ class Retriever:
         said = self.log.fact_said_days(ids, profile_id)
         asked = dict(self._dense_among(profile_id, question, ids))
         facts = self._active_facts(profile_id, ids)
+        for fid, pairs in near.items():  # "Alex from work ..." restates nothing of "my cousin Alex"
+            who = mentions(facts[fid].text) if fid in facts else frozenset()
+            if who:
+                near[fid] = [
+                    (o, c) for o, c in pairs if o in facts and not _someone_else(who, facts[o].text)
+                ]
         endings = frozenset(fid for fid, fact in facts.items() if ends_it(fact.text))
         chosen = {
             fid: new
@@ -771,6 +778,12 @@ def _without(
     if not skip:
         return ranked[:n]
     return [pair for pair in ranked if pair[0] not in skip][:n]
+
+
+def _someone_else(who: frozenset[Mention], text: str) -> bool:
+    """Whether ``text`` names a person of ``who`` (an anchor's :func:`mentions`) by another
+    relation only: "Alex from work" is not "my cousin Alex"."""
+    return agrees(who, text, "") is False
 
 
 def _past_last(hits: list[Hit]) -> list[Hit]:
