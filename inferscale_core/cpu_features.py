@@ -31,3 +31,11 @@ def fp8_kv_cache() -> bool:
         getattr(torch.cpu, "_is_avx512_supported", lambda: False)()
         or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
     )
+
+
+def int4_weights() -> bool:
+    """What vLLM's CPU 4-bit linear kernel (``cpu_gemm_wna16``, its CPUWNA16LinearKernel for
+    compressed-tensors W4A16) needs: AVX-512. vLLM 0.32 builds it into its AVX-512 libraries
+    only (``_C``, ``_C_AVX512``; ``_C_AVX2`` has none: checked in the wheel), so an AVX2 CPU
+    cannot run a 4-bit folder."""
+    return bool(getattr(torch.cpu, "_is_avx512_supported", lambda: False)())

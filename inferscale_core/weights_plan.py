@@ -11,10 +11,13 @@ One decision, :func:`weights_plan`, from the model's files, the engine's device 
   installed one). ``weights = as-stored`` refuses it for that reason. With ``auto``, a Llama
   GGUF whose 4-bit tensors are all Q4_0 becomes a 4-bit folder instead
   (:mod:`inferscale_core.gguf_int4`: its own codes and scales as compressed-tensors W4A16; both
-  engines run it); Q4_1 and Q4_K are dequantized, as their float offsets would be rounded.
+  engines run it, the CPU one only with AVX-512, ``cpu_features.int4_weights``; without, it
+  is dequantized and the note says why); Q4_1 and Q4_K are dequantized, as their float
+  offsets would be rounded.
 * **A Hugging Face folder** with a ``quantization_config`` (AWQ, GPTQ, compressed-tensors,
   fp8: :data:`HF_QUANT_METHODS`) is passed to vLLM as it is, which serves it with its own
-  kernels; another ``quant_method`` is refused at once.
+  kernels; another ``quant_method`` is refused at once, and so is a 4-bit compressed-tensors
+  folder (``pack-quantized``) on a CPU without AVX-512.
 * **``weights = fp8``** quantizes an unquantized model (a bf16/float32 folder, a dequantized
   GGUF) to fp8 as vLLM loads it (``quantization="fp8"``), on CUDA only.
 
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inferscale_core.config import WEIGHTS_SETTINGS
+from inferscale_core.cpu_features import int4_weights
 from inferscale_core.model_basics import ModelSetupError, is_gguf
 
 #: ``quant_method`` values of a ``quantization_config`` that vLLM serves as stored (CUDA).
@@ -44,6 +48,7 @@ NO_GGUF_LOADER = {
 INT4_ROUNDED = frozenset({"Q4_1", "Q4_K"})
 #: How a 4-bit folder made from a GGUF is served (``served`` and the note's start).
 INT4_SERVED = "4-bit (from {}, compressed-tensors W4A16)"
+NO_CPU_INT4 = "vLLM's CPU 4-bit kernel is built for AVX-512 only, which this CPU lacks"
 #: GGUF tensor types stored unquantized (their name is the dtype).
 _FLOAT_TYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
@@ -154,12 +159,17 @@ def folder_quantization(folder: Path) -> str:
     return str(config.get("dtype") or config.get("torch_dtype") or "?")
 
 
-def weights_plan(source: Path, device: str, setting: str = "auto") -> WeightsPlan:
+def weights_plan(
+    source: Path, device: str, setting: str = "auto", cpu_int4: bool | None = None
+) -> WeightsPlan:
     """How ``source`` (a GGUF file or a Hugging Face folder) is served on ``device``
-    ("cpu" | "cuda") with the ``weights`` setting; :class:`WeightsError` when it cannot be."""
+    ("cpu" | "cuda") with the ``weights`` setting; :class:`WeightsError` when it cannot be.
+    ``cpu_int4``: whether the CPU engine runs 4-bit weights (default: this CPU,
+    :func:`~inferscale_core.cpu_features.int4_weights`)."""
     if setting not in WEIGHTS_SETTINGS:
         raise WeightsError(f"weights must be one of {', '.join(WEIGHTS_SETTINGS)}; got {setting!r}")
     source = Path(source)
+    int4_here = device != "cpu" or (int4_weights() if cpu_int4 is None else cpu_int4)
     if source.is_file() and is_gguf(source):
         info = inspect_gguf(source)
         why = NO_GGUF_LOADER[device]
@@ -168,9 +178,11 @@ def weights_plan(source: Path, device: str, setting: str = "auto") -> WeightsPla
                 f"weights = as-stored cannot serve {source.name} ({info.file_type}): {why};"
                 " set weights = auto to run it dequantized"
             )
-        if setting == "auto" and info.int4_exact:
+        if setting == "auto" and info.int4_exact and int4_here:
             served = INT4_SERVED.format(info.file_type)
             return WeightsPlan(info.file_type, False, None, f"{served}: {why}", int4=True)
+        if setting == "auto" and info.int4_exact:  # a Q4_0 the CPU cannot run as 4 bits
+            why = f"{why}; {NO_CPU_INT4}"
         return _on_load(source.name, info.file_type, True, f"dequantized: {why}", device, setting)
     quantization = folder_quantization(source)
     quant = _config(source).get("quantization_config")
@@ -184,6 +196,11 @@ def weights_plan(source: Path, device: str, setting: str = "auto") -> WeightsPla
             raise WeightsError(
                 f"weights = fp8 cannot requantize {source.name}: it is {quantization} already;"
                 " set weights = auto"
+            )
+        if not int4_here and "pack-quantized" in json.dumps(quant):
+            raise WeightsError(
+                f"{source.name} holds 4-bit weights (compressed-tensors W4A16), which the CPU"
+                f" engine cannot run here: {NO_CPU_INT4}; use its float or GGUF form"
             )
         return WeightsPlan(quantization, False, None, "")
     return _on_load(source.name, quantization, False, "", device, setting)

@@ -8,10 +8,18 @@ from pathlib import Path
 
 import pytest
 
+from inferscale_core.cpu_features import int4_weights
 from tests.support import SUPPORT
 from tests.support.repo_process import run_python
 
-pytestmark = pytest.mark.engine
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.skipif(
+        not int4_weights(),
+        reason="vLLM's CPU 4-bit kernel (cpu_gemm_wna16) is built for AVX-512 only and this CPU"
+        " lacks it: weights_plan dequantizes a Q4_0 GGUF here (tests/unit/test_weights_plan.py)",
+    ),
+]
 
 
 def test_the_4_bit_folder_runs_and_injection_is_exact(tmp_path: Path):

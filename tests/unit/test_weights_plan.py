@@ -15,6 +15,7 @@ from inferscale_core.config import AppConfig, ConfigError
 from inferscale_core.fingerprint import model_fingerprint
 from inferscale_core.model_files import smollm2_gguf
 from inferscale_core.weights_plan import (
+    NO_CPU_INT4,
     NO_GGUF_LOADER,
     WeightsError,
     inspect_gguf,
@@ -96,10 +97,15 @@ def test_a_q4_0_llama_gguf_is_served_4_bit_and_q4_1_dequantized(tmp_path) -> Non
     q4_0 = write_gguf(tmp_path / "q4_0.gguf", "Q4_0")
     assert inspect_gguf(q4_0).architecture == "llama" and inspect_gguf(q4_0).int4_exact
     for device in ("cpu", "cuda"):
-        plan = weights_plan(q4_0, device)
+        plan = weights_plan(q4_0, device, cpu_int4=True)
         assert (plan.int4, plan.dequantize, plan.on_load) == (True, False, None)
         assert plan.served == "4-bit (from Q4_0, compressed-tensors W4A16)"
         assert plan.note == f"{plan.served}: {NO_GGUF_LOADER[device]}"
+    # an AVX2 CPU has no 4-bit kernel in vLLM's build for it: dequantized, and the note says so
+    plan = weights_plan(q4_0, "cpu", cpu_int4=False)
+    assert (plan.int4, plan.dequantize) == (False, True)
+    assert plan.note == f"dequantized: {NO_GGUF_LOADER['cpu']}; {NO_CPU_INT4}"
+    assert weights_plan(q4_0, "cuda", cpu_int4=False).int4  # the GPU has its own kernels
     assert weights_plan(q4_0, "cuda", "fp8").dequantize  # fp8 on load: the float folder
     for tensor_type in ("Q4_1", "Q4_K"):
         plan = weights_plan(write_gguf(tmp_path / f"{tensor_type}.gguf", tensor_type), "cuda")
@@ -140,6 +146,11 @@ def test_folders_as_stored_fp8_on_load_and_quantized(tmp_path) -> None:
         assert (plan.quantization, plan.dequantize, plan.on_load) == (method, False, None)
         with pytest.raises(WeightsError, match=f"it is {method} already"):
             weights_plan(folder, "cuda", "fp8")
+    packed = {"quant_method": "compressed-tensors", "format": "pack-quantized"}
+    w4a16 = _folder(tmp_path / "w4a16", packed)
+    assert weights_plan(w4a16, "cpu", cpu_int4=True).quantization == "compressed-tensors"
+    with pytest.raises(WeightsError, match="4-bit weights .* AVX-512 only"):
+        weights_plan(w4a16, "cpu", cpu_int4=False)
     odd = _folder(tmp_path / "odd", {"quant_method": "hqq"})
     with pytest.raises(WeightsError, match="quantized with 'hqq'.*awq, compressed-tensors"):
         weights_plan(odd, "cuda")
