@@ -27,10 +27,7 @@ def avx512_vnni() -> bool:
 def fp8_kv_cache() -> bool:
     """What vLLM's CPU attention needs for an fp8 KV cache: AVX-512 or AMX (vLLM 0.32
     ``cpu_attn._get_attn_isa``)."""
-    return bool(
-        getattr(torch.cpu, "_is_avx512_supported", lambda: False)()
-        or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
-    )
+    return _avx512() or bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 
 
 def int4_weights() -> bool:
@@ -38,4 +35,8 @@ def int4_weights() -> bool:
     compressed-tensors W4A16) needs: AVX-512. vLLM 0.32 builds it into its AVX-512 libraries
     only (``_C``, ``_C_AVX512``; ``_C_AVX2`` has none: checked in the wheel), so an AVX2 CPU
     cannot run a 4-bit folder."""
+    return _avx512()
+
+
+def _avx512() -> bool:
     return bool(getattr(torch.cpu, "_is_avx512_supported", lambda: False)())

@@ -87,7 +87,7 @@ from inferscale_core.retriever_newer import (
     ends_it,
     newest_restatement,
 )
-from inferscale_core.retriever_people import Mention, agrees, asked_about, mentions
+from inferscale_core.retriever_people import agrees, asked_about, mentions
 from inferscale_core.time_query import (
     asks_about_past,
     asks_about_present,
@@ -526,7 +526,9 @@ class Retriever:
             who = mentions(facts[fid].text) if fid in facts else frozenset()
             if who:
                 near[fid] = [
-                    (o, c) for o, c in pairs if o in facts and not _someone_else(who, facts[o].text)
+                    (o, c)
+                    for o, c in pairs
+                    if o in facts and agrees(who, facts[o].text, "") is not False
                 ]
         endings = frozenset(fid for fid, fact in facts.items() if ends_it(fact.text))
         chosen = {
@@ -778,12 +780,6 @@ def _without(
     if not skip:
         return ranked[:n]
     return [pair for pair in ranked if pair[0] not in skip][:n]
-
-
-def _someone_else(who: frozenset[Mention], text: str) -> bool:
-    """Whether ``text`` names a person of ``who`` (an anchor's :func:`mentions`) by another
-    relation only: "Alex from work" is not "my cousin Alex"."""
-    return agrees(who, text, "") is False
 
 
 def _past_last(hits: list[Hit]) -> list[Hit]:

@@ -66,7 +66,7 @@ _YEAR_ONLY = re.compile(
     re.IGNORECASE,
 )
 # a part of a year: "at the start of 2024", "in the first half of last year", "late 2023",
-# "mid-2024", "Q3 2024": its months, [first, last + 1) (past 12: January of the year after)
+# "mid-2024", "Q3 2024": its first month and the month after its last
 _YEAR_PART = re.compile(
     r"\b(?:(?:the\s+)?(?P<part>start|beginning|first\s+half|second\s+half|middle|end"
     r"|(?:first|second|third|fourth|last)\s+quarter)\s+of"
@@ -208,7 +208,7 @@ def question_interval(question: str, today: date) -> Interval | None:
         part = " ".join((match.group("part") or match.group("early") or match.group("q")).split())
         first, after = _PART_MONTHS[part.casefold()]
         year = int(match.group("year") or today.year - (match.group("which").casefold() == "last"))
-        return date(year, first, 1), date(year + after // 13, (after - 1) % 12 + 1, 1)
+        return date(year, first, 1), _month(year, after - 1)[1]
     if match := SEASON.search(question):
         named = match.group("year") or _year_named(question)  # "summer holiday in 2024"
         return season_interval(match, today, int(named) if named else None)

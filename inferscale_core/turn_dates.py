@@ -57,11 +57,12 @@ _SHIFTS = (
     (re.compile(r"\blast\s+week\b", re.I), -7),
     (re.compile(r"\bnext\s+week\b", re.I), 7),
 )
+_DAY_NAME = r"(?P<day>mon|tues?|wed(?:nes)?|thur?s?|fri|sat(?:ur)?|sun)(?:day)?"
 # "last week" and, later in its sentence or the next, a weekday alone ("on Wednesday"): the
 # weekday's match (its groups as _WEEKDAY's), found from "last week" on
 _LAST_WEEK_ON = re.compile(
     r"\blast\s+week\b[^.!?;]*?(?:[.!?;]+[^.!?;]*?)?"
-    r"\b(?:(?P<which>on)\s+)?(?P<day>mon|tues?|wed(?:nes)?|thur?s?|fri|sat(?:ur)?|sun)(?:day)?\b",
+    rf"\b(?:(?P<which>on)\s+)?{_DAY_NAME}\b",
     re.IGNORECASE,
 )
 _LAST_MONTH = re.compile(r"\blast\s+month\b", re.I)
@@ -87,8 +88,8 @@ _DAY_RANGE = re.compile(
 )
 _WEEKDAYS = ("mon", "tues", "wednes", "thurs", "fri", "satur", "sun")
 _WEEKDAY = re.compile(
-    r"\b(?:(?P<which>last|this|next|on|coming)\s+)?(?P<day>mon|tues?|wed(?:nes)?|thur?s?|fri"
-    r"|sat(?:ur)?|sun)(?:day)?\b(?!\s*(?:\d|the\s+\d|" + _MONTHS + "))",
+    rf"\b(?:(?P<which>last|this|next|on|coming)\s+)?{_DAY_NAME}\b"
+    r"(?!\s*(?:\d|the\s+\d|" + _MONTHS + "))",
     re.IGNORECASE,
 )
 # A weekday that recurs ("thursday nights in the church hall", "every Friday") names no day;

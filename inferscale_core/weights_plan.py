@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inferscale_core.config import WEIGHTS_SETTINGS
-from inferscale_core.cpu_features import int4_weights
 from inferscale_core.model_basics import ModelSetupError, is_gguf
 
 #: ``quant_method`` values of a ``quantization_config`` that vLLM serves as stored (CUDA).
@@ -169,7 +168,6 @@ def weights_plan(
     if setting not in WEIGHTS_SETTINGS:
         raise WeightsError(f"weights must be one of {', '.join(WEIGHTS_SETTINGS)}; got {setting!r}")
     source = Path(source)
-    int4_here = device != "cpu" or (int4_weights() if cpu_int4 is None else cpu_int4)
     if source.is_file() and is_gguf(source):
         info = inspect_gguf(source)
         why = NO_GGUF_LOADER[device]
@@ -178,11 +176,11 @@ def weights_plan(
                 f"weights = as-stored cannot serve {source.name} ({info.file_type}): {why};"
                 " set weights = auto to run it dequantized"
             )
-        if setting == "auto" and info.int4_exact and int4_here:
-            served = INT4_SERVED.format(info.file_type)
-            return WeightsPlan(info.file_type, False, None, f"{served}: {why}", int4=True)
-        if setting == "auto" and info.int4_exact:  # a Q4_0 the CPU cannot run as 4 bits
-            why = f"{why}; {NO_CPU_INT4}"
+        if setting == "auto" and info.int4_exact:
+            if _runs_int4(device, cpu_int4):
+                served = INT4_SERVED.format(info.file_type)
+                return WeightsPlan(info.file_type, False, None, f"{served}: {why}", int4=True)
+            why = f"{why}; {NO_CPU_INT4}"  # a Q4_0 the CPU cannot run as 4 bits
         return _on_load(source.name, info.file_type, True, f"dequantized: {why}", device, setting)
     quantization = folder_quantization(source)
     quant = _config(source).get("quantization_config")
@@ -197,13 +195,26 @@ def weights_plan(
                 f"weights = fp8 cannot requantize {source.name}: it is {quantization} already;"
                 " set weights = auto"
             )
-        if not int4_here and "pack-quantized" in json.dumps(quant):
+        if "pack-quantized" in json.dumps(quant) and not _runs_int4(device, cpu_int4):
             raise WeightsError(
                 f"{source.name} holds 4-bit weights (compressed-tensors W4A16), which the CPU"
                 f" engine cannot run here: {NO_CPU_INT4}; use its float or GGUF form"
             )
         return WeightsPlan(quantization, False, None, "")
     return _on_load(source.name, quantization, False, "", device, setting)
+
+
+def _runs_int4(device: str, cpu_int4: bool | None) -> bool:
+    """Whether the engine on ``device`` runs 4-bit weights: CUDA does, the CPU where
+    ``cpu_int4`` says so (default: this CPU, :func:`~inferscale_core.cpu_features.int4_weights`;
+    torch is imported only then)."""
+    if device != "cpu":
+        return True
+    if cpu_int4 is None:
+        from inferscale_core.cpu_features import int4_weights
+
+        return int4_weights()
+    return cpu_int4
 
 
 def _on_load(
