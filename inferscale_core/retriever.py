@@ -78,7 +78,7 @@ import numpy as np
 import torch
 
 from inferscale_core.embedder import Embedder
-from inferscale_core.facets import FACET_FLOOR, FACET_READ, Facets
+from inferscale_core.facets import FACET_ABOVE, FACET_FLOOR, FACET_READ, Facets
 from inferscale_core.factlog import FactLog, InactiveFactError
 from inferscale_core.retrieval_thread import RetrievalThread
 from inferscale_core.retriever_newer import (
@@ -458,24 +458,33 @@ class Retriever:
     ) -> None:
         """Move to the front of ``ranked`` (with the first's fused score) the newest of the
         first ``FACET_READ`` ``steered`` candidates (``[(fact id, cosine)]`` best first) at
-        least ``FACET_FLOOR`` times the best cosine near the steered query whose own nearest
-        facet is ``facet`` (their stored vectors read from the log)."""
+        least ``FACET_FLOOR`` times the best cosine near the steered query that are about
+        ``facet`` (:meth:`Facets.about`, their stored vectors read from the log); below the
+        first hits, though, when they were said after it: a turn telling three things at once
+        ("Marie's new school is miles away, so we bought a car") is often about other facets
+        only, and the step would put an older statement of the facet above the change."""
         best = steered[0][1] if steered else 0.0
         near = [fid for fid, c in steered[:FACET_READ] if c >= FACET_FLOOR * best]
         ids, vectors = self._stored_vectors(profile_id, near)  # [n], [n, dim]
-        names = self.facets.nearest(vectors)
-        ofs = [fid for fid, name in zip(ids, names, strict=True) if name == facet]
+        about = self.facets.about(vectors)
+        ofs = [fid for fid, names in zip(ids, about, strict=True) if facet in names]
         # what replaced one of them states the facet too, in whatever words ("Handed in my
         # notice: I start as a planning officer at the council" closed "I'm a technician")
         for new in self.log.open_successors(ofs).values():
             ofs += [fid for fid in new if fid not in ofs and fid not in skip]
         said = self.log.fact_said_days(ofs, profile_id)
         newest = max(((day, fid) for fid, day in said.items()), default=None)
-        if newest is not None and ranked[0] != newest[1]:
-            if newest[1] in fused:  # a successor may not be a candidate
-                ranked.remove(newest[1])
-            fused[newest[1]] = fused[ranked[0]]
-            ranked.insert(0, newest[1])
+        if newest is None or ranked[0] == newest[1]:
+            return
+        day, fid = newest
+        head = self.log.fact_said_days(ranked[:FACET_ABOVE], profile_id)
+        at = 0  # after the first hits said later than it
+        while at < min(FACET_ABOVE, len(ranked)) and head.get(ranked[at], "") > day:
+            at += 1
+        if fid in fused:  # a successor may not be a candidate
+            ranked.remove(fid)
+        fused[fid] = fused[ranked[at]] if at < len(ranked) else min(fused.values())
+        ranked.insert(at, fid)
 
     def _in_time(
         self,

@@ -131,6 +131,47 @@ def test_a_change_said_in_other_words_goes_first(log, minilm, monkeypatch):
     assert ranked(retriever, p, past_question) == past
 
 
+CAR = [
+    ("I'm not buying another bike, honestly. I got the Deutschlandticket instead, the S-Bahn is"
+     " fine.", date(2024, 10, 16)),
+    ("I ride my old Gazelle bike to the office along the river.", date(2024, 5, 2)),
+    ("Less fun: Marie's new school is in Bergisch Gladbach and the train connection is awful, so"
+     " we bought a car on Saturday, a 2017 Fabia we named Rasam.", date(2025, 10, 19)),
+    ("The weather has been grim all week.", date(2025, 11, 2)),
+    ("Dinner with Anna's parents went well.", date(2025, 3, 3)),
+]  # fmt: skip
+
+
+def test_a_change_told_among_other_things_keeps_its_place_above_the_older(log, minilm, monkeypatch):
+    """The car is bought in a turn about a school: it is about "school" alone, so the facet
+    step's newest statement of "vehicle" is the older ticket; the step puts that one below
+    the first hits said after it, not above the car."""
+    p = log.profile()
+    for text, when in CAR:
+        log.add_fact(p, text, when)
+    retriever = Retriever(log, minilm)
+    ticket, car = CAR[0][0], CAR[2][0]
+    assert Facets(minilm).about(minilm.embed([car])) == [frozenset({"school"})]
+    assert ranked(retriever, p, "What car do we have now?")[:2] == [car, ticket]
+    monkeypatch.setattr(retriever_module, "FACET_ABOVE", 0)  # the step as it was
+    assert ranked(retriever, p, "What car do we have now?")[:2] == [ticket, car]
+
+
+def test_a_turn_telling_two_things_is_about_both(minilm, facets):
+    """Within FACET_SHARED of its best facet: "a free room ... 890 a month" is home and rent;
+    a plain statement of rent is rent alone."""
+    said = minilm.embed(
+        [
+            "Olivier from work has a free room in his place in Verdun, 890 a month. I move in"
+            " on March 1.",
+            "My half of the rent is 740 which is a steal for the Plateau.",
+        ]
+    )
+    assert facets.nearest(said) == ["home", "rent"]
+    assert facets.about(said) == [frozenset({"home", "rent"}), frozenset({"rent"})]
+    assert facets.about(said[:0]) == []
+
+
 WORK = [
     ("I'm a staff nurse on the cardiac ward at St Mary's, mostly night shifts.", date(2024, 3, 2)),
     ("They've moved me up to senior nurse from November, with two students to look after.",

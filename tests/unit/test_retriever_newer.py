@@ -35,6 +35,16 @@ def test_an_ending_needs_no_relevance():
     assert newest_restatement(1, [(3, 0.6)], SAID, asked, frozenset({3})) == 3
 
 
+def test_an_ending_needs_less_similarity():
+    """An ending restates its anchor from a lower cosine: "She took me off the cetirizine and
+    put me on fexofenadine" is 0.44 from "the cetirizine is doing nothing"; a plain statement
+    that far does not restate it."""
+    asked = {1: 0.5, 3: 0.45}
+    assert newest_restatement(1, [(3, 0.44)], SAID, asked) is None
+    assert newest_restatement(1, [(3, 0.44)], SAID, asked, frozenset({3})) == 3
+    assert newest_restatement(1, [(3, 0.35)], SAID, asked, frozenset({3})) is None
+
+
 @pytest.mark.parametrize(
     ("text", "ends"),
     [
