@@ -1,7 +1,8 @@
 """The day a turn tells of, read from its words against the time it was said.
 
-"Yesterday", "3 days ago", "on 12 March", "last Saturday", "in September 2024", "on the
-12th", "the weekend before last", "last spring", "since New Year's Eve": :func:`resolve_date`
+"Yesterday", "3 days ago", "in two days", "on 12 March", "last Saturday", "in September
+2024", "on the 12th", "the weekend before last", "last spring", "since New Year's Eve", "at
+Easter": :func:`resolve_date`
 finds the time expressions of a text and resolves the *first* one said (the event a turn opens
 with is the one it is about: "accepted yesterday!! i start sept 1" tells of yesterday). Named
 months and years go to dateparser (English only); weekdays, days of the month, seasons and the
@@ -40,6 +41,13 @@ _MONTHS_AGO = re.compile(
     r"|a\s+couple\s+of|a\s+few)\s+(months?|years?)\s+ago\b",
     re.I,
 )
+# "in two days", "in a week", "in a fortnight": that many on, unless its clause tells of the
+# past ("I read it in 3 days" is how long it took)
+_IN_DAYS = re.compile(
+    r"\bin\s+(?:(\d{1,2}|a|one|two|three|four|five|six|seven|a\s+couple\s+of|a\s+few)"
+    r"\s+(days?|weeks?)|a\s+(fortnight))\b",
+    re.I,
+)
 _NUMBER_WORDS = {
     "a": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
     "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "eighteen": 18,
@@ -55,13 +63,14 @@ _SHIFTS = (
     (re.compile(r"\b(?:tonight|today|this\s+(?:morning|afternoon|evening))\b", re.I), 0),
     (re.compile(r"\b(?:tomorrow|tmrw|tmr|2moro|tomoz)\b", re.I), 1),
     (re.compile(r"\blast\s+week\b", re.I), -7),
+    (re.compile(r"\bthe\s+week\s+before\s+last\b", re.I), -14),
     (re.compile(r"\bnext\s+week\b", re.I), 7),
 )
 _DAY_NAME = r"(?P<day>mon|tues?|wed(?:nes)?|thur?s?|fri|sat(?:ur)?|sun)(?:day)?"
 # "last week" and, later in its sentence or the next, a weekday alone ("on Wednesday"): the
 # weekday's match (its groups as _WEEKDAY's), found from "last week" on
 _LAST_WEEK_ON = re.compile(
-    r"\blast\s+week\b[^.!?;]*?(?:[.!?;]+[^.!?;]*?)?"
+    r"\b(?:last\s+week|(?P<before>the\s+week\s+before\s+last))\b[^.!?;]*?(?:[.!?;]+[^.!?;]*?)?"
     rf"\b(?:(?P<which>on)\s+)?{_DAY_NAME}\b",
     re.IGNORECASE,
 )
@@ -109,7 +118,13 @@ _WEEKEND = re.compile(
     r"\b(?:(?P<which>last|this|next)\s+weekend|the\s+weekend\s+before\s+last)\b", re.IGNORECASE
 )
 _WEEKEND_SATURDAY = {"last": -2, "this": 5, "next": 12, None: -9}  # days from this week's Monday
-_HOLIDAYS = {  # without apostrophes: "new year's eve", "new years eve", "new year’s eve"
+# The days of the year people name. Fixed ones by (month, day); Easter's by days from Easter
+# Sunday (dateutil's Western Easter).
+_HOLIDAYS: dict[str, tuple[int, int] | int] = {  # without apostrophes: "new year's eve", ...
+    "easter sunday": 0,
+    "easter monday": 1,
+    "good friday": -2,
+    "easter": 0,
     "christmas eve": (12, 24),
     "christmas day": (12, 25),
     "christmas": (12, 25),
@@ -119,10 +134,18 @@ _HOLIDAYS = {  # without apostrophes: "new year's eve", "new years eve", "new ye
     "valentines day": (2, 14),
     "halloween": (10, 31),
 }
-_HOLIDAY = re.compile(
-    r"\b(?:"
+_HOLIDAY_NAMES = (
+    "(?:"
     + "|".join(h.replace("s ", "['’]?s ") for h in sorted(_HOLIDAYS, key=len, reverse=True))
-    + r")\b",
+    + ")"
+)
+_HOLIDAY = re.compile(rf"\b{_HOLIDAY_NAMES}\b", re.IGNORECASE)
+# a holiday said as a time ("at Easter", "over Christmas", "last Halloween") is a time
+# expression like any other; named alone ("the Christmas party") or as a purpose or bound
+# ("coming for Christmas, landing on the 22nd", "before Christmas") only when nothing else is
+_HOLIDAY_AT = re.compile(
+    r"\b(?:(?P<which>last|next|this)|at|on|over|since|around)"
+    rf"\s+(?:the\s+)?(?P<name>{_HOLIDAY_NAMES})\b",
     re.IGNORECASE,
 )
 
@@ -165,9 +188,20 @@ def resolve_date(text: str, when: datetime | None) -> date | None:
     if found is not None:
         return found[1]
     if holiday := _HOLIDAY.search(text):  # only when nothing else names the day
-        month, dom = _HOLIDAYS[re.sub(r"['’]", "", holiday.group(0).lower())]
-        return _nearest_of_year(month, dom, day, _tense(text, holiday.start()))
+        return _holiday(holiday.group(0), day, _tense(text, holiday.start()))
     return day
+
+
+def _holiday(name: str, day: date, tense: str) -> date:
+    """The day a holiday's ``name`` (as :data:`_HOLIDAY` matched it) names, in the year said,
+    the year before or after, by ``tense`` (as :func:`_day_of_month`)."""
+    when = _HOLIDAYS[" ".join(re.sub(r"['’]", "", name.lower()).split())]
+    if isinstance(when, tuple):
+        return _nearest_of_year(*when, day, tense)
+    from dateutil.easter import easter
+
+    options = [easter(day.year + shift) + timedelta(days=when) for shift in (-1, 0, 1)]
+    return _by_tense(options, day, tense)
 
 
 def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
@@ -181,10 +215,22 @@ def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
         months = _count(match.group(1)) * (12 if match.group(2)[0] in "yY" else 1)
         yield match.start(), _months_before(day, months)
     if (match := _LAST_WEEK_ON.search(text)) and _is_weekday(match):
-        # "last week ... the Alhambra on Wednesday": that weekday of last week (from Monday);
-        # at the start of "last week", yielded first, so it wins over the week's -7 days
-        monday = day - timedelta(days=day.weekday() + 7)
+        # "last week ... the Alhambra on Wednesday": that weekday of last week (from Monday;
+        # "the week before last ... on the Wednesday": of the week before); at the start of
+        # "last week", yielded first, so it wins over the week's -7 days
+        monday = day - timedelta(days=day.weekday() + (14 if match.group("before") else 7))
         yield match.start(), monday + timedelta(days=_target(match))
+    if (match := _IN_DAYS.search(text)) and _tense(text, match.start()) != "past":
+        if match.group(3):  # a fortnight
+            yield match.start(), day + timedelta(weeks=2)
+        else:
+            n = _count(match.group(1))
+            weeks = match.group(2).lower().startswith("w")
+            yield match.start(), day + (timedelta(weeks=n) if weeks else timedelta(days=n))
+    if match := _HOLIDAY_AT.search(text):  # "at Easter", "over Christmas", "on Boxing Day"
+        which = (match.group("which") or "").lower()
+        tense = {"last": "past", "next": "future"}.get(which) or _tense(text, match.start())
+        yield match.start(), _holiday(match.group("name"), day, tense)
     for pattern, shift in _SHIFTS:
         if match := pattern.search(text):
             yield match.start(), day + timedelta(days=shift)

@@ -7,8 +7,8 @@ and of the misdated turns of life-dev6 and -dev7, re-worded ("the day before yes
 on Friday", "Thursday next week", "thursday nights ... last Thursday", "starting 6 January");
 "two years ago", left undated in an app try; and life-dev4's "last week ... on Wednesday" and
 life-dev6's "last sunday" said on a Saturday (six days back, not thirteen); and the misdated
-turns of life-dev8 and -dev9, measured before any change.
-"""
+turns of life-dev8 and -dev9, measured before any change; and of life-dev10 and -dev11
+("in two days", "the week before last, on the Wednesday", "at Easter", "at christmas")."""
 
 from datetime import date, datetime
 
@@ -102,6 +102,22 @@ SUN = datetime(2024, 1, 14, 9, 0)  # a Sunday
         ("Got a charge nurse job at the Royal, starting 6 January.", datetime(2024, 12, 28),
          date(2025, 1, 6)),
         ("I started there on 6 January.", datetime(2025, 1, 28), date(2025, 1, 6)),
+        # days on, a week before last, a holiday said as a time (life-dev10, -dev11)
+        ("in two days I sit my first exam, wish me luck", datetime(2026, 2, 17), date(2026, 2, 19)),
+        ("A recruiter messaged me. Trial shift in three days.", datetime(2024, 10, 19),
+         date(2024, 10, 22)),
+        ("Results are out in a fortnight.", datetime(2025, 7, 22), date(2025, 8, 5)),
+        ("We moved in a week, it was chaos.", THU, THU.date()),  # how long, not when
+        ("The week before last, on the Wednesday, I swam off the pier.", datetime(2025, 7, 22),
+         date(2025, 7, 9)),
+        ("at Easter we're going down to Mam's in Kinsale.", datetime(2024, 3, 28),
+         date(2024, 3, 31)),
+        ("Good Friday we walked up Croagh Patrick.", datetime(2025, 4, 22), date(2025, 4, 18)),
+        ("at christmas im going to my sister's, she's due in january.", datetime(2024, 12, 8),
+         date(2024, 12, 25)),
+        ("We went to my aunt's over Christmas.", datetime(2025, 1, 10), date(2024, 12, 25)),
+        ("Handed in my notice before Christmas and started on the 8th.", datetime(2025, 1, 15),
+         date(2025, 1, 8)),
     ],
 )  # fmt: skip
 def test_a_turns_day(text, said, expected):
