@@ -93,7 +93,7 @@ def agrees(asked: frozenset[Mention], text: str, context: str) -> bool | None:
     names = {m.name for m in asked if m.name}
     if _matches(said, asked):
         return True
-    if any(m.name in names for m in said):
+    if any(m.name in names and not _both_places(m, asked) for m in said):
         return False  # the same first name, another relation: someone else
     if not names & names_in(text) and _PRONOUN.search(text):
         around = mentions(context)
@@ -102,6 +102,15 @@ def agrees(asked: frozenset[Mention], text: str, context: str) -> bool | None:
         if any(m.name in names for m in around):
             return False
     return None
+
+
+def _both_places(said: Mention, asked: frozenset[Mention]) -> bool:
+    """Whether ``said`` and the asked mention of its name both name a place ("Cian from work",
+    "Cian from the Bishopstown clinic"): one place may be another's name, so they do not tell
+    two people apart as "my brother Cian" and "Cian from work" do."""
+    return said.relation.startswith("from ") and any(
+        m.name == said.name and m.relation.startswith("from ") for m in asked
+    )
 
 
 def _matches(said: frozenset[Mention], asked: frozenset[Mention]) -> bool:

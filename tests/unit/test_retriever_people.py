@@ -55,6 +55,16 @@ def test_agrees_tells_the_person_apart():
     assert agrees(sister, "My brother Rui cooks.", "") is None
 
 
+def test_two_places_do_not_tell_a_person_apart():
+    """"Cian from the Bishopstown clinic" may be "Cian from work" (life-dev10): neither says
+    it is someone else; "my brother Cian" does."""
+    clinic = asked_about("Where did Cian from the Bishopstown clinic go when he left?")
+    assert clinic == {Mention("cian", "from bishopstown")}
+    assert agrees(clinic, "Cian from work is leaving us for a practice in Dublin.", "") is None
+    assert agrees(clinic, "My brother Cian is emigrating to Canada.", "") is False
+    assert agrees(clinic, "Cian from Bishopstown rang.", "") is True
+
+
 def chat(log: FactLog, p: int, title: str, texts: list[str], day: str) -> list[int]:
     when = datetime.fromisoformat(f"{day}T10:00:00+00:00")
     conv = Conversation(title, [Turn("user", t, when) for t in texts], "chat", title)
