@@ -56,8 +56,8 @@ def test_agrees_tells_the_person_apart():
 
 
 def test_two_places_do_not_tell_a_person_apart():
-    """"Cian from the Bishopstown clinic" may be "Cian from work" (life-dev10): neither says
-    it is someone else; "my brother Cian" does."""
+    """A place does not tell: "Cian from the Bishopstown clinic" may be "Cian from work"
+    (life-dev10), so neither says it is someone else; "my brother Cian" does."""
     clinic = asked_about("Where did Cian from the Bishopstown clinic go when he left?")
     assert clinic == {Mention("cian", "from bishopstown")}
     assert agrees(clinic, "Cian from work is leaving us for a practice in Dublin.", "") is None
