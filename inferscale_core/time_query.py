@@ -45,7 +45,10 @@ _SEASONS = {"spring": 3, "summer": 6, "autumn": 9, "fall": 9, "winter": 12}
 # "12 March", "the 3rd of May", "August 10th, 2024" (also read by turn_dates.py in turns)
 DAY_MONTH = re.compile(
     rf"\b(?:on\s+)?(?:(?P<day>\d{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?{_MONTH}"
-    rf"|{_MONTH.replace('month', 'month2')}\s+(?P<day2>\d{{1,2}})(?:st|nd|rd|th)?)\b"
+    # "June 19", and "back in June — the 19th" (a day said after its month, set apart)
+    rf"|{_MONTH.replace('month', 'month2')}"
+    r"(?:\s+|\s*[—–-]+\s*the\s+(?=\d{1,2}(?:st|nd|rd|th)))"
+    r"(?P<day2>\d{1,2})(?:st|nd|rd|th)?)\b"
     rf"(?:,?\s+{_YEAR})?",
     re.IGNORECASE,
 )

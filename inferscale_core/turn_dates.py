@@ -33,8 +33,12 @@ from inferscale_core.time_query import (
 _SENTENCE = re.compile(r"[^.!?;]+[.!?;]*")  # a sentence (or a part of one after ";")
 _CLAUSE = re.compile(r"[^,.!?;:—–]+[,.!?;:—–]*")
 
-_DAYS_AGO = re.compile(r"\b(\d{1,3}|a|one|two|three|four|five|six|seven)\s+days?\s+ago\b", re.I)
-_WEEKS_AGO = re.compile(r"\b(\d{1,2}|a|one|two|three)\s+weeks?\s+ago\b", re.I)
+_COUNT = (
+    r"(\d{1,3}|a|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen"
+    r"|fourteen|fifteen|twenty|a\s+couple\s+of|a\s+few)"
+)
+_DAYS_AGO = re.compile(rf"\b{_COUNT}\s+days?\s+ago\b", re.I)
+_WEEKS_AGO = re.compile(rf"\b(?:{_COUNT}\s+weeks?|a\s+(fortnight))\s+ago\b", re.I)
 # "two years ago", "a couple of months ago", "18 months ago": the same day that many back
 _MONTHS_AGO = re.compile(
     r"\b(\d{1,2}|a|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|eighteen"
@@ -43,14 +47,11 @@ _MONTHS_AGO = re.compile(
 )
 # "in two days", "in a week", "in a fortnight": that many on, unless its clause tells of the
 # past ("I read it in 3 days" is how long it took)
-_IN_DAYS = re.compile(
-    r"\bin\s+(?:(\d{1,2}|a|one|two|three|four|five|six|seven|a\s+couple\s+of|a\s+few)"
-    r"\s+(days?|weeks?)|a\s+(fortnight))\b",
-    re.I,
-)
+_IN_DAYS = re.compile(rf"\bin\s+(?:{_COUNT}\s+(days?|weeks?)|a\s+(fortnight))\b", re.I)
 _NUMBER_WORDS = {
     "a": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
-    "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "eighteen": 18,
+    "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13,
+    "fourteen": 14, "fifteen": 15, "eighteen": 18, "twenty": 20,
     "a couple of": 2, "a few": 3,
 }  # fmt: skip
 # (pattern, days from the day said) of the fixed relative words; months and years below
@@ -133,6 +134,8 @@ _HOLIDAYS: dict[str, tuple[int, int] | int] = {  # without apostrophes: "new yea
     "new years day": (1, 1),
     "valentines day": (2, 14),
     "halloween": (10, 31),
+    "bonfire night": (11, 5),
+    "guy fawkes night": (11, 5),
 }
 _HOLIDAY_NAMES = (
     "(?:"
@@ -163,12 +166,15 @@ _FUTURE = re.compile(
     r"|party|wedding|match|game|gig|call|shift|flight|trip|class|lesson|session)s?\b",
     re.IGNORECASE,
 )
+# a subject and its verb ("I get", "we fly", "she starts"): a clause of its own tense
+_OWN_VERB = re.compile(r"\b(?:i|we|he|she|they)\s+(?-i:[a-z]+)\b", re.IGNORECASE)
 # a plan by its noun alone: "first appointment was on the 26th" is past, its verb says so
 _WEAK_FUTURE = re.compile(r"\bappointments?\b", re.IGNORECASE)
 _PAST_TENSE = re.compile(
     # "got" but not "I've got" (what one has)
     r"\b(?:was|were|went|did|had|(?<!'ve )(?<!have )(?<!has )got|came|left|flew|ran|saw|met"
-    r"|spent|bought|took|made"
+    r"|spent|bought|took|made|rang|spoke|froze|stole|hid|led|fed|dug|hung|lit|slid|shot"
+    r"|stuck|struck|swung|wept|drew|grew|blew|forgave|became|fled|sought|dreamt|learnt"
     r"|began|won|lost|gave|found|sold|drove|wrote|broke|sat|told|said|felt|kept|slept|heard"
     r"|paid|fell|knew|thought|brought|caught|taught|wore|rode|swam|sang|ate|drank|fought"
     r"|threw|chose|forgot|woke|shook|stood|understood|sent|built|lent|meant|read\s+it"
@@ -210,7 +216,8 @@ def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
     if match := _DAYS_AGO.search(text):
         yield match.start(), day - timedelta(days=_count(match.group(1)))
     if match := _WEEKS_AGO.search(text):
-        yield match.start(), day - timedelta(weeks=_count(match.group(1)))
+        weeks = 2 if match.group(2) else _count(match.group(1))  # "a fortnight ago": 2
+        yield match.start(), day - timedelta(weeks=weeks)
     if match := _MONTHS_AGO.search(text):
         months = _count(match.group(1)) * (12 if match.group(2)[0] in "yY" else 1)
         yield match.start(), _months_before(day, months)
@@ -289,14 +296,19 @@ def _part_at(text: str, at: int, parts: re.Pattern[str]) -> str:
 
 def _tense(text: str, at: int) -> str:
     """``"future"``, ``"past"`` or ``""`` (neither): of the clause holding ``at`` ("first
-    meetup was wednesday, we're reading Americanah" told of the past), else of its sentence."""
-    for part in (_part_at(text, at, _CLAUSE), _part_at(text, at, _SENTENCE)):
+    meetup was wednesday, we're reading Americanah" told of the past), else of its sentence;
+    a clause whose subject has a verb of no past is present, whatever its sentence says
+    ("Found a flat ..., and I get the keys on 8 March": the keys are to come)."""
+    clause = _part_at(text, at, _CLAUSE)
+    for part in (clause, _part_at(text, at, _SENTENCE)):
         if _FUTURE.search(part):
             return "future"
         if _PAST_TENSE.search(part):
             return "past"
         if _WEAK_FUTURE.search(part):
             return "future"
+        if part is clause and _OWN_VERB.search(part):
+            return ""
     return ""
 
 

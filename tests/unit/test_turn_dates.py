@@ -8,7 +8,9 @@ on Friday", "Thursday next week", "thursday nights ... last Thursday", "starting
 "two years ago", left undated in an app try; and life-dev4's "last week ... on Wednesday" and
 life-dev6's "last sunday" said on a Saturday (six days back, not thirteen); and the misdated
 turns of life-dev8 and -dev9, measured before any change; and of life-dev10 and -dev11
-("in two days", "the week before last, on the Wednesday", "at Easter", "at christmas")."""
+("in two days", "the week before last, on the Wednesday", "at Easter", "at christmas"), and
+of life-heldout4, read after its blind run ("I get the keys on 8 March", "eight days ago").
+"""
 
 from datetime import date, datetime
 
@@ -118,6 +120,18 @@ SUN = datetime(2024, 1, 14, 9, 0)  # a Sunday
         ("We went to my aunt's over Christmas.", datetime(2025, 1, 10), date(2024, 12, 25)),
         ("Handed in my notice before Christmas and started on the 8th.", datetime(2025, 1, 15),
          date(2025, 1, 8)),
+        # life-heldout4's, read after its blind run: a clause's own present verb, counts past
+        # seven, a fortnight back, Bonfire Night, a day set apart from its month, "rang"
+        ("Found a flat in Clarendon Park, renting, and I get the keys on 8 March.",
+         datetime(2025, 2, 16), date(2025, 3, 8)),
+        ("Eight days ago I moved into Howard Road.", datetime(2025, 3, 16), date(2025, 3, 8)),
+        ("A fortnight ago I started Couch to 5K.", datetime(2025, 4, 29), date(2025, 4, 15)),
+        ("We agreed it calmly at the kitchen table on Bonfire Night.", datetime(2024, 11, 17),
+         date(2024, 11, 5)),
+        ("I've not been to quiz night since back in June — the 19th, the night she turned up.",
+         datetime(2025, 8, 24), date(2025, 6, 19)),
+        ("I GOT IT. They rang me on the 3rd and I've been insufferable since.",
+         datetime(2025, 10, 12), date(2025, 10, 3)),
     ],
 )  # fmt: skip
 def test_a_turns_day(text, said, expected):
