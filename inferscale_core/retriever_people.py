@@ -39,6 +39,7 @@ _PATTERNS = (
 )
 _KIN_ONLY = re.compile(rf"\bmy\s+{_KIN}(?!\s+(?-i:[A-Z]))", re.IGNORECASE)
 _PRONOUN = re.compile(r"\b(?:she|he|her|him|his|they|them|their)\b|\b(?:she|he)'s\b", re.IGNORECASE)
+_POSSESSIVE = re.compile(r"['’]s$")
 _NOT_NAMES = frozenset({"i", "my", "the", "a", "an", "he", "she", "we", "they", "it"})
 
 
@@ -55,7 +56,7 @@ def mentions(text: str) -> frozenset[Mention]:
     found: set[Mention] = set()
     for pattern in _PATTERNS:
         for match in pattern.finditer(text):
-            name = match.group("name").casefold()
+            name = _POSSESSIVE.sub("", match.group("name").casefold())  # "my brother Cian's"
             if name in _NOT_NAMES:
                 continue
             groups = match.groupdict()
@@ -80,7 +81,8 @@ def asked_about(question: str) -> frozenset[Mention]:
 
 def names_in(text: str) -> frozenset[str]:
     """Every capitalized word of ``text``, case-folded (a cheap superset of its names)."""
-    return frozenset(w.casefold() for w in re.findall(r"(?-i:\b[A-Z][\w'-]+)", text))
+    words = re.findall(r"(?-i:\b[A-Z][\w'-]+)", text)
+    return frozenset(_POSSESSIVE.sub("", w.casefold()) for w in words)
 
 
 def agrees(asked: frozenset[Mention], text: str, context: str) -> bool | None:

@@ -14,7 +14,7 @@ import pytest
 from inferscale_core import retriever as retriever_module
 from inferscale_core.factlog import FactLog
 from inferscale_core.retriever import Retriever
-from inferscale_core.retriever_people import Mention, agrees, asked_about, mentions
+from inferscale_core.retriever_people import Mention, agrees, asked_about, mentions, names_in
 from inferscale_core.types import Conversation, Turn
 
 
@@ -63,6 +63,16 @@ def test_two_places_do_not_tell_a_person_apart():
     assert agrees(clinic, "Cian from work is leaving us for a practice in Dublin.", "") is None
     assert agrees(clinic, "My brother Cian is emigrating to Canada.", "") is False
     assert agrees(clinic, "Cian from Bishopstown rang.", "") is True
+
+
+def test_a_possessive_names_the_person():
+    """ "my brother Cian's going-away do" names Cian (it read as "cian's", no one asked)."""
+    assert mentions("On the 26th it's my brother Cian's going-away do.") == {
+        Mention("cian", "brother")
+    }
+    assert names_in("Cian’s flat and O'Brien's van") == {"cian", "o'brien"}
+    cousin = asked_about("What does my cousin Alex do?")
+    assert agrees(cousin, "Alex from work's farewell was lovely.", "") is False
 
 
 def chat(log: FactLog, p: int, title: str, texts: list[str], day: str) -> list[int]:
