@@ -472,14 +472,13 @@ class Retriever:
         # notice: I start as a planning officer at the council" closed "I'm a technician")
         for new in self.log.open_successors(ofs).values():
             ofs += [fid for fid in new if fid not in ofs and fid not in skip]
-        said = self.log.fact_said_days(ofs, profile_id)
-        newest = max(((day, fid) for fid, day in said.items()), default=None)
+        said = self.log.fact_said_days(ofs + ranked[:FACET_ABOVE], profile_id)  # one read
+        newest = max(((said[fid], fid) for fid in ofs if fid in said), default=None)
         if newest is None or ranked[0] == newest[1]:
             return
         day, fid = newest
-        head = self.log.fact_said_days(ranked[:FACET_ABOVE], profile_id)
         at = 0  # after the first hits said later than it
-        while at < min(FACET_ABOVE, len(ranked)) and head.get(ranked[at], "") > day:
+        while at < min(FACET_ABOVE, len(ranked)) and said.get(ranked[at], "") > day:
             at += 1
         if fid in fused:  # a successor may not be a candidate
             ranked.remove(fid)

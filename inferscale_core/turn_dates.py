@@ -22,6 +22,8 @@ import re
 from collections.abc import Iterator
 from datetime import date, datetime, timedelta
 
+from dateutil.easter import easter
+
 from inferscale_core.time_query import (
     DAY_MONTH,
     SEASON,
@@ -35,16 +37,12 @@ _CLAUSE = re.compile(r"[^,.!?;:—–]+[,.!?;:—–]*")
 
 _COUNT = (
     r"(\d{1,3}|a|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen"
-    r"|fourteen|fifteen|twenty|a\s+couple\s+of|a\s+few)"
+    r"|fourteen|fifteen|eighteen|twenty|a\s+couple\s+of|a\s+few)"
 )
 _DAYS_AGO = re.compile(rf"\b{_COUNT}\s+days?\s+ago\b", re.I)
 _WEEKS_AGO = re.compile(rf"\b(?:{_COUNT}\s+weeks?|a\s+(fortnight))\s+ago\b", re.I)
 # "two years ago", "a couple of months ago", "18 months ago": the same day that many back
-_MONTHS_AGO = re.compile(
-    r"\b(\d{1,2}|a|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|eighteen"
-    r"|a\s+couple\s+of|a\s+few)\s+(months?|years?)\s+ago\b",
-    re.I,
-)
+_MONTHS_AGO = re.compile(rf"\b{_COUNT}\s+(months?|years?)\s+ago\b", re.I)
 # "in two days", "in a week", "in a fortnight": that many on, unless its clause tells of the
 # past ("I read it in 3 days" is how long it took)
 _IN_DAYS = re.compile(rf"\bin\s+(?:{_COUNT}\s+(days?|weeks?)|a\s+(fortnight))\b", re.I)
@@ -204,8 +202,6 @@ def _holiday(name: str, day: date, tense: str) -> date:
     when = _HOLIDAYS[" ".join(re.sub(r"['’]", "", name.lower()).split())]
     if isinstance(when, tuple):
         return _nearest_of_year(*when, day, tense)
-    from dateutil.easter import easter
-
     options = [easter(day.year + shift) + timedelta(days=when) for shift in (-1, 0, 1)]
     return _by_tense(options, day, tense)
 
