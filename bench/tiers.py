@@ -155,7 +155,7 @@ def run_tiers(
 
     ``load_ms``: the connector worker's whole load of a request (reading the entries from the
     tier, re-rotation, cache writes), timed around its ``start_load_kv`` from outside, with a
-    device sync on each side.
+    device sync on each side; ``scheduler_ms``: its scheduler side's calls for the request.
     """
     from bench.probes import connector_clock
 
@@ -184,6 +184,8 @@ def run_tiers(
             }
             if "load_us" in times:
                 sample["load_ms"] = times["load_us"] / 1e3
+            if "scheduler_us" in times:  # the scheduler side's part (its prefetch included)
+                sample["scheduler_ms"] = times["scheduler_us"] / 1e3
             return sample
 
         for i in range(warmup):
@@ -215,6 +217,8 @@ def run_tiers(
         }
         if all("load_ms" in s for s in got):  # the tier's cost is inside the whole load
             row["load_ms_median"] = statistics.median(s["load_ms"] for s in got)
+        if all("scheduler_ms" in s for s in got):
+            row["scheduler_ms_median"] = statistics.median(s["scheduler_ms"] for s in got)
         rows.append(row)
     return {
         **header,

@@ -284,6 +284,9 @@ def check_store(
         parts.append(f"{fp}: {u.entries} entries, {u.file_bytes / 2**20:.1f} MiB ({kinds})")
     detail = "; ".join(parts) or "empty: nothing encoded yet"
     detail += f"; new entries stored as {store_dtype}"
+    slow = _int4_expansion(store_dtype)
+    if slow is not None:
+        detail += f"; the CPU expands them with {slow[0]}"
     if model_dir is not None:
         from inferscale_core.fingerprint import model_fingerprint
 
@@ -297,7 +300,28 @@ def check_store(
                 f"inferscale-assistant memory prune --model {stale[0]}"
                 f" (models you no longer use; current: {current})",
             )
+    if slow is not None and slow[1]:
+        return Check("KV store", "warn", f"{root}: {detail}", slow[1])
     return Check("KV store", "ok", f"{root}: {detail}")
+
+
+def _int4_expansion(store_dtype: str) -> tuple[str, str] | None:
+    """How a CPU engine expands int4 entries, and a fix where it is the slow torch path (None:
+    not int4, or a GPU does it)."""
+    if store_dtype != "int4":
+        return None
+    from inferscale_core.weights_plan import engine_device
+
+    if engine_device() == "cuda":
+        return None
+    from inferscale_core.kvstore import int4_native
+
+    how = int4_native.status()
+    if how == "C kernel":
+        return "the C kernel", ""
+    if os.environ.get(int4_native.ENV) == "torch":  # chosen, not missing
+        return how, ""
+    return how, "install a C compiler (gcc or clang; $CC names one): int4 loads take ~3x longer"
 
 
 def check_memory(config: AppConfig, model_dir: Path | None) -> list[Check]:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 import torch
 
+from inferscale_core.kvstore import int4_native
 from inferscale_core.types import FactKV, KVQuant
 
 SCHEMES = ("model", "fp8", "int4")
@@ -130,8 +131,10 @@ def dequantize_into(
 ) -> None:
     """Tokens ``[start, end)`` of ``entry`` expanded into ``k_out`` and ``v_out``
     (``[layers, end - start, heads, dim]`` views of any dtype, e.g. a slice of the scratch the
-    connector writes the cache from): the copy a plain entry would need, at about 1.5x its
-    cost for int4 on a CPU (computed in float32 when the output is)."""
+    connector writes the cache from): the copy a plain entry would need; int4 into float32 on a
+    CPU by :mod:`~inferscale_core.kvstore.int4_native`'s kernel where it is built (the same
+    bits as the torch path below, at about the cost of a plain copy; computed in float32 when
+    the output is)."""
     quant = entry.quant
     k, v = entry.k[:, start:end], entry.v[:, start:end]
     if quant is None:
@@ -144,6 +147,8 @@ def dequantize_into(
         k_out.mul_(quant.k_scale.to(work))
         v_out.copy_(v)
         v_out.mul_(quant.v_scale[:, start:end].to(work))
+        return
+    if k_out.device.type == "cpu" and int4_native.expand_into(entry, start, end, k_out, v_out):
         return
     assert quant.k_zero is not None and quant.v_zero is not None
     half = quant.k_dim // 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 
 import pytest
@@ -97,6 +98,25 @@ def test_doctor_finds_loose_permissions_and_says_how_to_fix(home, capsys):
     code, out = _run(capsys, "doctor", "--skip-engine")
     assert code == 1
     assert f"chmod 600 {paths.memory_db()}" in out and f"chmod 700 {paths.data_dir()}" in out
+
+
+@pytest.mark.skipif(
+    shutil.which(os.environ.get("CC") or "cc") is None, reason="no C compiler: nothing is built"
+)
+def test_doctor_says_how_the_cpu_expands_int4_memories(home, monkeypatch):
+    from app.commands.doctor import check_store
+    from inferscale_core.kvstore import int4_native
+
+    built = check_store(None, "int4")
+    assert built.status == "ok" and "the CPU expands them with the C kernel" in built.detail
+    assert "expands" not in check_store(None, "model").detail
+    monkeypatch.setattr(int4_native, "_status", "torch (no C compiler (cc) on PATH)")
+    monkeypatch.setattr(int4_native, "_kernel", None)
+    missing = check_store(None, "int4")
+    assert missing.status == "warn" and "torch (no C compiler (cc) on PATH)" in missing.detail
+    assert missing.fix.startswith("install a C compiler")
+    monkeypatch.setenv(int4_native.ENV, "torch")  # chosen, so nothing to fix
+    assert check_store(None, "int4").status == "ok"
 
 
 def test_doctor_checks_that_the_engine_imports():
