@@ -258,19 +258,33 @@ _HAVE_GOT = re.compile(
 )
 
 _OWN = re.compile(r"\b(?:i|i'm|my|me|mine|we|we're|our|ours|us)\b", re.IGNORECASE)
+# a time that is now: with no one named, a question said so asks of the one asking
+_NOW = re.compile(
+    r"\b(?:now|nowadays|currently|these\s+days|at\s+the\s+moment|at\s+present)\b", re.IGNORECASE
+)
+_CAPITAL = re.compile(r"(?-i:\b[A-Z][\w'-]*)")
 
 
 def asks_about_present(question: str, today: date) -> bool:
     """Whether the question asks how things are now for the one asking ("What's my job?",
-    "Where do I live?", "Am I still at Siemens?", "What mobile have I got?"): in the
-    first person, present tense, no past tense, no time named, not the past."""
+    "Where do I live?", "Am I still at Siemens?", "What mobile have I got?", "Where's home
+    these days?"): in the first person, or saying "now" and naming no one ("Where is Alex
+    from work based now?" asks of Alex), present tense, no past tense, no time named, not the
+    past."""
     return (
-        _OWN.search(question) is not None
+        (_OWN.search(question) is not None or _now_of_the_asker(question))
         and _PRESENT.search(question) is not None
         and _PAST_TENSE.search(_HAVE_GOT.sub("have", question)) is None
         and question_interval(question, today) is None
         and not asks_about_past(question, today)
     )
+
+
+def _now_of_the_asker(question: str) -> bool:
+    """Says "now" in its own words, and no capitalized word but its first (no one named)."""
+    capitals = _CAPITAL.findall(question.strip())
+    first = question.strip()[:1].isupper()
+    return _NOW.search(question) is not None and len(capitals) <= int(first)
 
 
 # a statement that tells of an earlier state in its own words: "My old job was at the post

@@ -101,6 +101,10 @@ def test_this_month_is_not_the_past():
         ("What car did I get in 2023?", False),
         ("What did I get for my birthday?", False),
         ("Where does the sun rise?", False),  # nobody's own present
+        ("Where's home these days?", True),  # "now", no one named: the asker's
+        ("what's the job situation at the moment", True),
+        ("Where is Alex from work based now?", False),  # Alex's present, not the asker's
+        ("Where does the sun rise these days?", True),  # read as the asker's: harmless
     ],
 )
 def test_the_present(question, present):
