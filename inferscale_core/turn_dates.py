@@ -159,6 +159,9 @@ _FUTURE = re.compile(
     # movers for 23 March"
     r"|\b(?:am|is|are)\s+(?!being\b)\w+ing\b|(?:'m|'re)\s+(?!being\b)\w+ing\b"
     r"|\b(?:booked|scheduled|arranged|reserved|planned)\b[^.!?]*\bfor\b"
+    # what one holds for an event to come: "got us tickets for the Bell Centre on July 11",
+    # "approved my leave for the wedding on the 21st"
+    r"|\b(?:tickets?|leave|time\s+off|days?\s+off)\s+(?:for|to)\b"
     # an event one has coming: "I've got a date with Cormac on Tuesday"
     r"|(?:'ve|\bhave)\s+got\s+(?:a|an|my|the)\s+(?:\w+\s+)?(?:date|interview|meeting|exam|test"
     r"|party|wedding|match|game|gig|call|shift|flight|trip|class|lesson|session)s?\b",

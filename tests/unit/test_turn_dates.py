@@ -74,6 +74,12 @@ SUN = datetime(2024, 1, 14, 9, 0)  # a Sunday
         ("We're off to the Azores for two weeks from 10 August.", datetime(2024, 8, 7),
          date(2024, 8, 10)),
         ("We booked the movers for 23 March.", datetime(2024, 3, 4), date(2024, 3, 23)),
+        # what one holds for an event to come: its past verb tells of getting it, not the day
+        ("she got us tickets for the bell centre on july 11", datetime(2025, 6, 24),
+         date(2025, 7, 11)),
+        ("my boss approved my leave for the wedding on the 21st", datetime(2026, 2, 7),
+         date(2026, 2, 21)),
+        ("I got my results on 3 May, finally.", datetime(2025, 6, 24), date(2025, 5, 3)),
         ("Got my results on 3 May 2023, finally.", THU, date(2023, 5, 3)),
         # a season said with "last", "this", "next" or a year: its first day (March, June,
         # September, December); "this" with a plan, after this year's has ended, is next year's
