@@ -1,4 +1,5 @@
-"""Compressed KV entries: fp8 (e4m3) and 4-bit codes with their scales, pure torch.
+"""Compressed KV entries: fp8 (e4m3) and 4-bit codes with their scales, in torch (a CPU
+expands int4 with the C kernel of :mod:`~inferscale_core.kvstore.int4_native` where it is built).
 
 A fact's entry is ~45 KiB a token for SmolLM2 in fp32 and 128 KiB for the Llama-3.1-8B shape
 in bf16; the store keeps most of it compressed (``kv_store_dtype``), and the connector
