@@ -7,11 +7,12 @@ plain copy's cost. Measured on one thread (2-core AMD EPYC, AVX2), 50 SmolLM2-sh
 55 tokens: torch 49-55 ms, this kernel 14.9 ms, copying fp32 entries 15.7 ms.
 
 The kernel is built with the machine's C compiler (``$CC``, else ``cc``; ``-O3 -march=native
--ffp-contract=off``) into :func:`~inferscale_core.paths.cache_dir`/kernels, named by a hash of
-the source, the compiler and this CPU's flags, and loaded with ctypes (which lets go of the GIL
-for the call, so the load's threads expand side by side). Without a compiler, or when the build
-fails, :func:`kernel` is None and :func:`status` says why: the torch path then does the same
-work, bit for bit, slower. ``INFERSCALE_INT4_KERNEL=torch`` chooses the torch path (benches).
+-ffp-contract=off``, without ``-march=native`` where the compiler refuses it) into
+:func:`~inferscale_core.paths.cache_dir`/kernels, named by a hash of the source, the compiler
+and this CPU's flags, and loaded with ctypes (which lets go of the GIL for the call, so the
+load's threads expand side by side). Without a compiler, or when the build fails,
+:func:`kernel` is None and :func:`status` says why: the torch path then does the same work, bit
+for bit, slower. ``INFERSCALE_INT4_KERNEL=torch`` chooses the torch path (benches).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from inferscale_core.types import FactKV
 
 ENV = "INFERSCALE_INT4_KERNEL"
 _SOURCE = Path(__file__).with_name("int4_expand.c")
-_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC", "-std=c99")
+_FLAGS = ("-O3", "-ffp-contract=off", "-shared", "-fPIC", "-std=c99")
+_NATIVE = "-march=native"  # this CPU's vector units; a compiler that refuses it builds without
 _BUILD_TIMEOUT_S = 120
 
 _lock = threading.Lock()
@@ -130,7 +132,7 @@ def _build() -> Path:
     if compiler is None:
         raise RuntimeError(f"no C compiler ({name}) on PATH")
     source = _SOURCE.read_bytes()
-    made_by = " ".join((compiler, *_FLAGS, _cpu_flags())).encode()
+    made_by = " ".join((compiler, _NATIVE, *_FLAGS, _cpu_flags())).encode()
     tag = hashlib.sha256(source + made_by).hexdigest()[:16]
     folder = cache_dir() / "kernels"
     folder.mkdir(mode=0o700, exist_ok=True)
@@ -139,13 +141,16 @@ def _build() -> Path:
         return target
     with tempfile.TemporaryDirectory(dir=folder) as scratch:
         built = Path(scratch) / target.name
-        done = subprocess.run(
-            [compiler, *_FLAGS, "-o", str(built), str(_SOURCE)],
-            capture_output=True,
-            text=True,
-            timeout=_BUILD_TIMEOUT_S,
-        )
-        if done.returncode != 0:
+        for flags in ((_NATIVE, *_FLAGS), _FLAGS):
+            done = subprocess.run(
+                [compiler, *flags, "-o", str(built), str(_SOURCE)],
+                capture_output=True,
+                text=True,
+                timeout=_BUILD_TIMEOUT_S,
+            )
+            if done.returncode == 0:
+                break
+        else:
             first = (done.stderr.strip().splitlines() or ["no output"])[0]
             raise RuntimeError(f"{Path(compiler).name} failed: {first}")
         built.chmod(0o600)

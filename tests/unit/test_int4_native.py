@@ -119,3 +119,12 @@ def test_without_a_working_compiler_torch_expands_and_says_why(tmp_path):
     assert broken["status"] == "torch (failing-cc failed: cc1: error: no such target)"
     for other in (missing, broken):  # the same entry, the same numbers, by torch
         assert (other["k"], other["v"]) == (built["k"], built["v"])
+    picky = tmp_path / "picky-cc"  # a compiler without -march=native (some clang targets)
+    real = shutil.which(os.environ.get("CC") or "cc")
+    picky.write_text(
+        f'#!/bin/sh\ncase " $* " in *" -march=native "*) echo "no native" >&2; exit 1;; esac\n'
+        f'exec {real} "$@"\n'
+    )
+    picky.chmod(0o700)
+    portable = _child(tmp_path / "fourth", CC=str(picky))
+    assert portable == built  # built without it: the kernel, the same numbers
