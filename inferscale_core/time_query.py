@@ -240,9 +240,9 @@ def question_interval(question: str, today: date) -> Interval | None:
     return None
 
 
+_NOW_WORDS = r"now|currently|these\s+days|at\s+the\s+moment|nowadays"
 _PRESENT = re.compile(
-    r"\b(?:now|currently|these\s+days|at\s+the\s+moment|nowadays|still|any\s+more|anymore"
-    r"|do|does|am|is|are|have|has)\b|'s\b|'m\b|'re\b",
+    rf"\b(?:{_NOW_WORDS}|still|any\s+more|anymore|do|does|am|is|are|have|has)\b|'s\b|'m\b|'re\b",
     re.IGNORECASE,
 )
 # past tense, and the present perfect ("Which races have I done?")
@@ -259,10 +259,8 @@ _HAVE_GOT = re.compile(
 
 _OWN = re.compile(r"\b(?:i|i'm|my|me|mine|we|we're|our|ours|us)\b", re.IGNORECASE)
 # a time that is now: with no one named, a question said so asks of the one asking
-_NOW = re.compile(
-    r"\b(?:now|nowadays|currently|these\s+days|at\s+the\s+moment|at\s+present)\b", re.IGNORECASE
-)
-_CAPITAL = re.compile(r"(?-i:\b[A-Z][\w'-]*)")
+_NOW = re.compile(rf"\b(?:{_NOW_WORDS}|at\s+present)\b", re.IGNORECASE)
+_CAPITAL = re.compile(r"\b[A-Z]")  # a word with a capital: a name, or the question's first
 
 
 def asks_about_present(question: str, today: date) -> bool:
@@ -282,9 +280,7 @@ def asks_about_present(question: str, today: date) -> bool:
 
 def _now_of_the_asker(question: str) -> bool:
     """Says "now" in its own words, and no capitalized word but its first (no one named)."""
-    capitals = _CAPITAL.findall(question.strip())
-    first = question.strip()[:1].isupper()
-    return _NOW.search(question) is not None and len(capitals) <= int(first)
+    return _NOW.search(question) is not None and _CAPITAL.search(question.strip(), 1) is None
 
 
 # a statement that tells of an earlier state in its own words: "My old job was at the post

@@ -83,12 +83,12 @@ def expand_into(
     assert quant.k_zero is not None and quant.v_zero is not None
     layers, tokens, heads, _ = entry.k.shape
     k_dim, v_dim = quant.k_dim, quant.v_dim
-    codes_k, codes_v = _c(entry.k), _c(entry.v)
+    codes_k, codes_v = entry.k.contiguous(), entry.v.contiguous()  # the store's are: no copy
     k_scale, k_zero = _f32(quant.k_scale), _f32(quant.k_zero)  # [L, 1, H, D]
     v_scale, v_zero = _f32(quant.v_scale), _f32(quant.v_zero)  # [L, T, H, G]
     wide = 0 if quant.k_fine is None else 2 * quant.k_fine.shape[-1]
-    fine = _c(quant.k_fine) if quant.k_fine is not None else None
-    slot = _c(quant.k_slot) if quant.k_slot is not None else None
+    fine = quant.k_fine.contiguous() if quant.k_fine is not None else None
+    slot = quant.k_slot.contiguous() if quant.k_slot is not None else None
     done = lib.int4_keys(
         codes_k.data_ptr(), k_scale.data_ptr(), k_zero.data_ptr(),
         fine.data_ptr() if fine is not None else None,
@@ -113,10 +113,6 @@ def _writable(out: torch.Tensor, shape: tuple[int, int, int, int]) -> bool:
         and tuple(out.shape) == shape
         and out.stride(-1) == 1
     )
-
-
-def _c(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous()  # the store's tensors already are: no copy
 
 
 def _f32(t: torch.Tensor) -> torch.Tensor:
