@@ -6,7 +6,7 @@ than the trade (rank 20 of 47 user turns on the held-out life set). Both stateme
 to what *the car I drive* means, though. A facet is one such single-valued part of a life
 (home, employer, partner, car, dentist, ...), known by examples
 (:mod:`inferscale_core.facet_examples`: ~14 chat messages that state it, mostly in passing, and
-~5 questions that ask for it). A text's score for a facet is the mean cosine of its
+~24 questions that ask for it). A text's score for a facet is the mean cosine of its
 :data:`FACET_NEIGHBOURS` nearest examples of that facet: a nearest-neighbour classifier, which
 keeps a facet said in several ways ("got the keys to the house", "our street is so loud") where
 one mean of its phrases blurred them (26 facets with their own examples against 16 described by
@@ -20,7 +20,7 @@ and any other within :data:`FACET_SHARED` of it.
 
 Nothing is closed or hidden by a facet: it only adds a list to the fusion of a question about
 the present and puts one of its facts first. The examples' embeddings are computed once per
-embedder (~1.5 s on two cores) and kept in the cache folder (``facets-<digest>.npy``), so a
+embedder (~2.2 s on two cores) and kept in the cache folder (``facets-<digest>.npy``), so a
 later process reads them in milliseconds. Measured in docs/BENCHMARKS.md ("What is true now").
 """
 
@@ -128,7 +128,7 @@ _LOCK = threading.Lock()
 class Facets:
     """The facet classifier of :data:`FACETS` under one embedder, made on first use.
 
-    Thread-safe. The examples (~490 short texts, ~1.5 s on two CPU cores) are embedded once per
+    Thread-safe. The examples (~1,000 short texts, ~2.2 s on two CPU cores) are embedded once per
     embedder ``name`` and kept in the cache folder; a process reads them once and serve's
     per-user retrievers share them.
     """
