@@ -107,10 +107,27 @@ _RECURRING = re.compile(r"\s+(?:nights|mornings|afternoons|evenings)\b", re.IGNO
 _EVERY = re.compile(r"\bevery\s+$", re.IGNORECASE)
 _WEEK_ON_BEFORE = re.compile(r"\ba\s+week\s+(?:on|from)?\s*$", re.IGNORECASE)
 _WEEK_ON_AFTER = re.compile(r"\s+(?:next\s+)?week\b", re.IGNORECASE)
-# "on the 12th", "by the 3rd": a day of the month said alone ("the 3rd of May" is dateparser's)
+_BEFORE_LAST = re.compile(r"\s+before\s+last\b", re.IGNORECASE)  # "the Thursday before last"
+# "on the 12th", "by the 3rd", "booked for the 21st": a day of the month said alone ("the 3rd
+# of May" is dateparser's, "the 3rd of next month" _OF_MONTH's), not an ordinal of something
+# else ("on the 3rd floor", "for the 2nd time")
 _DAY_OF_MONTH = re.compile(
-    r"\b(?:on|by|from|since|until|till|before|after)\s+the\s+(\d{1,2})(?:st|nd|rd|th)\b"
-    rf"(?!\s+(?:of\s+)?(?:{_MONTHS}))",
+    r"\b(?:on|by|for|from|since|until|till|before|after)\s+the\s+(\d{1,2})(?:st|nd|rd|th)\b"
+    rf"(?!\s+(?:of\s+)?(?:{_MONTHS}|(?:this|next|last)\s+month))"
+    r"(?!\s+(?:time|times|floor|place|row|round|go|try|attempt|lap|day|week|year|anniversary"
+    r"|birthday|century|grade|edition|series|season|stop|hole|page|chapter|book)\b)",
+    re.IGNORECASE,
+)
+# A day named within a month: "the first of next month", "the 15th of this month", "the last
+# day of February", "the last Friday of June", "the second Sunday in April" (a month without
+# its year: the nearest by the sentence's tense, as a named date)
+_ORDINALS = {"first": 1, "second": 2, "third": 3, "fourth": 4, "fifth": 5, "last": -1}
+_OF_MONTH = re.compile(
+    r"\bthe\s+(?:(?P<dom>\d{1,2})(?:st|nd|rd|th)|(?P<first>first)|(?P<lastday>last\s+day)"
+    r"|(?P<nth>first|second|third|fourth|fifth|last|[1-5](?:st|nd|rd|th))\s+"
+    r"(?P<day>mon|tues|wednes|thurs|fri|satur|sun)day)"
+    r"\s+(?:of|in)\s+(?:(?P<rel>this|next|last)\s+month"
+    rf"|(?P<month>{_MONTHS})(?:,?\s+(?P<year>(?:19|20)\d\d))?)",
     re.IGNORECASE,
 )
 _WEEKEND = re.compile(
@@ -118,12 +135,32 @@ _WEEKEND = re.compile(
 )
 _WEEKEND_SATURDAY = {"last": -2, "this": 5, "next": 12, None: -9}  # days from this week's Monday
 # The days of the year people name. Fixed ones by (month, day); Easter's by days from Easter
-# Sunday (dateutil's Western Easter).
-_HOLIDAYS: dict[str, tuple[int, int] | int] = {  # without apostrophes: "new year's eve", ...
+# Sunday (dateutil's Western Easter); the rest by (month, weekday, n): the nth such weekday of
+# the month (Monday 0; n = -1 the last). Where countries differ the most common day is taken
+# (Mother's Day: the second Sunday of May, as in the US, Canada, Australia and India; the UK's
+# and Ireland's is "Mothering Sunday").
+_HOLIDAYS: dict[str, tuple[int, int] | int | tuple[int, int, int]] = {  # no apostrophes
     "easter sunday": 0,
     "easter monday": 1,
     "good friday": -2,
+    "palm sunday": -7,
+    "mothering sunday": -21,
+    "shrove tuesday": -47,
+    "pancake day": -47,
+    "ash wednesday": -46,
     "easter": 0,
+    "st patricks day": (3, 17),
+    "paddys day": (3, 17),
+    "canada day": (7, 1),
+    "australia day": (1, 26),
+    "anzac day": (4, 25),
+    "burns night": (1, 25),
+    "hogmanay": (12, 31),
+    "thanksgiving": (11, 3, 4),
+    "mothers day": (5, 6, 2),
+    "fathers day": (6, 6, 3),
+    "memorial day": (5, 0, -1),
+    "labor day": (9, 0, 1),
     "christmas eve": (12, 24),
     "christmas day": (12, 25),
     "christmas": (12, 25),
@@ -137,9 +174,15 @@ _HOLIDAYS: dict[str, tuple[int, int] | int] = {  # without apostrophes: "new yea
 }
 _HOLIDAY_NAMES = (
     "(?:"
-    + "|".join(h.replace("s ", "['’]?s ") for h in sorted(_HOLIDAYS, key=len, reverse=True))
+    + "|".join(
+        h.replace("s ", "['’]?s ").replace("st ", r"(?:st\.?|saint)\s+")
+        for h in sorted(_HOLIDAYS, key=len, reverse=True)
+    )
     + ")"
 )
+# a holiday whose name holds a weekday ("Easter Sunday", "Good Friday") names its day wherever
+# it is said, and its weekday is no weekday of its own
+_HOLIDAY_WEEKDAY = re.compile(r"(?:mon|tues|wednes|thurs|fri|satur|sun)day$", re.IGNORECASE)
 _HOLIDAY = re.compile(rf"\b{_HOLIDAY_NAMES}\b", re.IGNORECASE)
 # a holiday said as a time ("at Easter", "over Christmas", "last Halloween") is a time
 # expression like any other; named alone ("the Christmas party") or as a purpose or bound
@@ -162,9 +205,13 @@ _FUTURE = re.compile(
     # what one holds for an event to come: "got us tickets for the Bell Centre on July 11",
     # "approved my leave for the wedding on the 21st"
     r"|\b(?:tickets?|leave|time\s+off|days?\s+off)\s+(?:for|to)\b"
-    # an event one has coming: "I've got a date with Cormac on Tuesday"
-    r"|(?:'ve|\bhave)\s+got\s+(?:a|an|my|the)\s+(?:\w+\s+)?(?:date|interview|meeting|exam|test"
-    r"|party|wedding|match|game|gig|call|shift|flight|trip|class|lesson|session)s?\b",
+    # an event one has coming: "I've got a date with Cormac on Tuesday", "I have my exam on
+    # Friday"
+    r"|(?:(?:'ve|\bhave|\bhas)\s+got|\bhave|\bhas)\s+(?:a|an|my|the|our|his|her|their)\s+"
+    r"(?:\w+\s+){0,2}(?:date|interview|meeting|exam|test"
+    r"|party|wedding|match|game|gig|call|shift|flight|trip|class|lesson|session)s?\b"
+    # someone's arrangement: "Mum's flying in on Tuesday", "Dave's coming over on the 3rd"
+    r"|\w'?s\s+(?!being\b)\w+ing\s+(?:in|out|over|up|down|back|round|around|off|home)\b",
     re.IGNORECASE,
 )
 # a subject and its verb ("I get", "we fly", "she starts"): a clause of its own tense
@@ -202,11 +249,63 @@ def resolve_date(text: str, when: datetime | None) -> date | None:
 def _holiday(name: str, day: date, tense: str) -> date:
     """The day a holiday's ``name`` (as :data:`_HOLIDAY` matched it) names, in the year said,
     the year before or after, by ``tense`` (as :func:`_day_of_month`)."""
-    when = _HOLIDAYS[" ".join(re.sub(r"['’]", "", name.lower()).split())]
-    if isinstance(when, tuple):
-        return _nearest_of_year(*when, day, tense)
-    options = [easter(day.year + shift) + timedelta(days=when) for shift in (-1, 0, 1)]
+    key = " ".join(re.sub(r"['’.]", "", name.lower()).split())
+    when = _HOLIDAYS[re.sub(r"^saint ", "st ", key)]
+    years = (day.year - 1, day.year, day.year + 1)
+    if isinstance(when, int):
+        options = [easter(year) + timedelta(days=when) for year in years]
+    elif len(when) == 3:
+        options = [_nth_weekday(year, when[0], when[1], when[2]) for year in years]
+    else:
+        return _nearest_of_year(when[0], when[1], day, tense)
     return _by_tense(options, day, tense)
+
+
+def _nth_weekday(year: int, month: int, weekday: int, n: int) -> date:
+    """The ``n``th ``weekday`` (Monday 0) of the month; ``n`` = -1 its last (the fifth one
+    of a month with four: its last)."""
+    first = date(year, month, 1)
+    end = date(year + (month == 12), month % 12 + 1, 1) - timedelta(days=1)
+    if n < 0:
+        return end - timedelta(days=(end.weekday() - weekday) % 7)
+    found = first + timedelta(days=(weekday - first.weekday()) % 7 + 7 * (n - 1))
+    return found if found <= end else found - timedelta(weeks=1)
+
+
+def _of_month(match: re.Match[str], text: str, day: date) -> date | None:
+    """The day an :data:`_OF_MONTH` match names."""
+    rel = (match.group("rel") or "").lower()
+    if rel:
+        year, month = divmod(
+            day.year * 12 + day.month - 1 + {"this": 0, "next": 1}.get(rel, -1), 12
+        )
+        months = [(year, month + 1)]
+    else:
+        month = month_number(match.group("month"))
+        named = match.group("year")
+        months = (
+            [(int(named), month)]
+            if named
+            else [(y, month) for y in range(day.year - 1, day.year + 2)]
+        )
+
+    def of(year: int, month: int) -> date | None:
+        end = date(year + (month == 12), month % 12 + 1, 1) - timedelta(days=1)
+        if match.group("lastday"):
+            return end
+        if match.group("first"):
+            return date(year, month, 1)
+        if match.group("nth"):
+            nth = match.group("nth").lower()
+            n = _ORDINALS.get(nth) or int(nth[0])
+            return _nth_weekday(year, month, _target(match), n)
+        dom = int(match.group("dom"))
+        return date(year, month, dom) if dom <= end.day else None
+
+    options = [d for d in (of(y, m) for y, m in months) if d is not None]
+    if not options:
+        return None
+    return options[0] if len(options) == 1 else _by_tense(options, day, _tense(text, match.start()))
 
 
 def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
@@ -252,9 +351,21 @@ def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
         dom = _day_of_month(int(match.group(1)), day, _tense(text, match.start()))
         if dom is not None:
             yield match.start(), dom
-    for match in _WEEKDAY.finditer(text):
+    if (match := _OF_MONTH.search(text)) and (named := _of_month(match, text, day)) is not None:
+        yield match.start(), named
+    weekdays = text
+    for match in _HOLIDAY.finditer(text):  # "for Easter Sunday": Easter's, no Sunday's
+        if _HOLIDAY_WEEKDAY.search(match.group(0)):
+            yield match.start(), _holiday(match.group(0), day, _tense(text, match.start()))
+            weekdays = (
+                weekdays[: match.start()] + " " * len(match.group(0)) + weekdays[match.end() :]
+            )
+    for match in _WEEKDAY.finditer(weekdays):
         if not _is_weekday(match) or _recurs(text, match):
             continue
+        if _BEFORE_LAST.match(text, match.end()):  # "the Thursday before last"
+            yield match.start(), _last_weekday(match, day) - timedelta(weeks=1)
+            break
         on = _WEEK_ON_BEFORE.search(text, 0, match.start())  # "a week on Friday"
         week_on = on or _WEEK_ON_AFTER.match(text, match.end())  # "Thursday next week"
         if week_on and (match.group("which") or "").lower() not in ("last", "next"):
@@ -336,6 +447,12 @@ def _weekday_ahead(match: re.Match[str], day: date) -> date:
     return day + timedelta(days=(_target(match) - day.weekday()) % 7 or 7)
 
 
+def _last_weekday(match: re.Match[str], day: date) -> date:
+    """ "last Friday": the latest Friday at least two days back (yesterday is "yesterday")."""
+    before = day - timedelta(days=(day.weekday() - _target(match)) % 7 or 7)
+    return before if (day - before).days >= 2 else before - timedelta(weeks=1)
+
+
 def _weekday(match: re.Match[str], day: date, tense: str) -> date:
     """The day a weekday names: "last" the latest one at least two days back, "next" the one
     of next week (weeks from Monday), "coming" the one to come, else by the sentence's
@@ -349,7 +466,7 @@ def _weekday(match: re.Match[str], day: date, tense: str) -> date:
     # days ago. "next Friday" is next week's, weeks from Monday: said on a Thursday, in 8
     # days; said on a Sunday, in 5
     if which == "last":
-        return before if (day - before).days >= 2 else before - timedelta(weeks=1)
+        return _last_weekday(match, day)
     if which == "next":  # the one of next week, weeks from Monday
         return day - timedelta(days=day.weekday()) + timedelta(days=7 + target)
     if which == "coming" or tense == "future":

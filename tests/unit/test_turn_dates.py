@@ -9,7 +9,9 @@ on Friday", "Thursday next week", "thursday nights ... last Thursday", "starting
 life-dev6's "last sunday" said on a Saturday (six days back, not thirteen); and the misdated
 turns of life-dev8 and -dev9, measured before any change; and of life-dev10 and -dev11
 ("in two days", "the week before last, on the Wednesday", "at Easter", "at christmas"), and
-of life-heldout4, read after its blind run ("I get the keys on 8 March", "eight days ago").
+of life-heldout4, read after its blind run ("I get the keys on 8 March", "eight days ago");
+and of a set of 130 dated turns written for dates alone ("the last Friday of June",
+"Thanksgiving", "booked for the 21st").
 """
 
 from datetime import date, datetime
@@ -138,6 +140,39 @@ SUN = datetime(2024, 1, 14, 9, 0)  # a Sunday
          datetime(2025, 8, 24), date(2025, 6, 19)),
         ("I GOT IT. They rang me on the 3rd and I've been insufferable since.",
          datetime(2025, 10, 12), date(2025, 10, 3)),
+        # the misses of a dated dev set written for this (130 turns, 107 right before):
+        # holidays of other countries and by a rule, a day within a month, "before last", a
+        # booking "for the 21st", an event one has, someone's arrangement
+        ("Thanksgiving at my sister's this year, she's doing a ham.", datetime(2025, 11, 2),
+         date(2025, 11, 27)),
+        ("Fireworks down at the harbour on Canada Day!", datetime(2024, 6, 18), date(2024, 7, 1)),
+        ("For Mother's Day I'm taking Mom to brunch.", datetime(2026, 4, 28), date(2026, 5, 10)),
+        ("Mothering Sunday lunch at the pub with Nan.", datetime(2026, 3, 2), date(2026, 3, 15)),
+        ("Heading to the parade on St. Patrick's Day.", datetime(2025, 3, 1), date(2025, 3, 17)),
+        ("Australia Day we're doing a barbie at Coogee.", datetime(2025, 1, 20),
+         date(2025, 1, 26)),
+        ("We're at my parents' for Easter Sunday, I'm bringing pavlova.", datetime(2025, 4, 6),
+         date(2025, 4, 20)),
+        ("Father's Day was quiet, just a walk.", datetime(2025, 6, 24), date(2025, 6, 15)),
+        ("The new tariff starts on the first of next month.", datetime(2025, 10, 8),
+         date(2025, 11, 1)),
+        ("Rent goes up on the 5th of next month.", datetime(2024, 12, 20), date(2025, 1, 5)),
+        ("Council tax is due on the last day of this month.", datetime(2025, 9, 2),
+         date(2025, 9, 30)),
+        ("The insurance renews on the last day of February.", datetime(2028, 1, 10),
+         date(2028, 2, 29)),
+        ("The village fete is on the last Saturday of June.", datetime(2025, 5, 12),
+         date(2025, 6, 28)),
+        ("Our reunion is the second Sunday in April.", datetime(2026, 3, 1), date(2026, 4, 12)),
+        ("The school fair was on the first Friday of March.", datetime(2025, 4, 10),
+         date(2025, 3, 7)),
+        ("the tuesday before last i lost my keys at the gym", datetime(2024, 12, 2),
+         date(2024, 11, 19)),
+        ("The electrician is booked for the 21st.", datetime(2025, 1, 8), date(2025, 1, 21)),
+        ("I have my driving test on Friday and I haven't practised.", datetime(2024, 6, 25),
+         date(2024, 6, 28)),
+        ("Dad's flying in on Tuesday, need to make up the spare bed.", datetime(2025, 5, 29),
+         date(2025, 6, 3)),
     ],
 )  # fmt: skip
 def test_a_turns_day(text, said, expected):
@@ -165,6 +200,8 @@ def test_the_first_expression_said_is_the_one_told_of():
         "I sat on the bench for an hour.",  # "sat" is no Saturday
         "My cousin Jun Mesel keeps the folding camera in the attic.",  # a name, no June
         "I met April Ludgate at the library.",  # a name, no April
+        "Our flat is on the 3rd floor, no lift.",  # ordinals of other things
+        "Failed the theory test for the 2nd time, gutted.",
     ],
 )
 def test_words_that_are_not_days_keep_the_day_said(text):
