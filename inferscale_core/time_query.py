@@ -240,9 +240,14 @@ def question_interval(question: str, today: date) -> Interval | None:
     return None
 
 
-_NOW_WORDS = r"now|currently|these\s+days|at\s+the\s+moment|nowadays"
+_NOW_WORDS = r"now|currently|these\s+days|at\s+the\s+moment|nowadays|rn"
 _PRESENT = re.compile(
-    rf"\b(?:{_NOW_WORDS}|still|any\s+more|anymore|do|does|am|is|are|have|has)\b|'s\b|'m\b|'re\b",
+    rf"\b(?:{_NOW_WORDS}|still|any\s+more|anymore|do|does|am|is|are|have|has|can|can't|cannot"
+    r"|should|must|remind\s+me|whats|whos|wheres|hows)\b|'s\b|'m\b|'re\b"
+    # a verb of the present with its subject the question word: "who manages me?", "which
+    # organisation employs me?", "how much goes to the landlord?"
+    r"|^\s*(?:who|what|which(?:\s+[\w-]+){0,2}|how\s+much)\s+"
+    r"(?!(?:was|has|is|does|this|his|its|bus|gas|us)\b)[a-z]{2,}[^s\W]s\b",
     re.IGNORECASE,
 )
 # past tense, and the present perfect ("Which races have I done?")
