@@ -34,10 +34,13 @@ MAX_FACT_CHARS = 400
 # Leading filler. Interjections go whatever follows them; a discourse word ("so", "well", "no")
 # only when a comma, a stop or a new clause ("I", "we") follows it, so "So much for..." and
 # "No one came" keep their first word.
-_INTERJECTION = r"(?:um+|uh+|erm|hmm+|oh|ah|ok(?:ay)?|yeah|yep|lol|haha+|hey|hi|hello|btw)\b"
+_INTERJECTION = (
+    r"(?:um+|uh+|erm|hmm+|oh+|ah+|ok(?:ay)?|yeah|yep|lol|(?:ha)+h?|hey|hi|hiya|hello|btw|anyway)\b"
+)
 _DISCOURSE = (
-    r"(?:(?:so|well|anyway|actually|like|yes|no|thanks|thank you)(?=\s*[,.!:;-])"
-    r"|(?:so|well|anyway|actually)(?=\s+(?:I|we)\b))"
+    r"(?:(?:so|well|actually|like|yes|no|thanks|thank you|sorry|(?:good\s+)?(?:morning|evening"
+    r"|afternoon|night))(?=\s*[,.!:;-])"
+    r"|(?:so|well|actually)(?=\s+(?:I|we)\b))"
 )
 _FILLER_START = re.compile(rf"^(?:(?:{_INTERJECTION}|{_DISCOURSE})[\s,.!:;-]*)+", re.IGNORECASE)
 _FILLER_END = re.compile(r"(?:[\s,]*(?:lol|haha+|hehe|:\)|:D|xD))+[\s.!]*$", re.IGNORECASE)
@@ -61,7 +64,14 @@ _ASKS = re.compile(
     r"|let\s+me\s+know|i(?:'d|\s+would)\s+like\s+you|i\s+(?:want|need)\s+you"
     r"|(?:i\s+)?need\s+(?:\w+\s+)?(?:ideas|suggestions|tips|recommendations)"
     r"|write|explain|summari[sz]e|translate|suggest|recommend|describe|draft|rewrite|brainstorm"
-    r")\b",
+    # an imperative of an assistant's trade whose past differs from it ("Add milk to my list",
+    # not "Added a shelf"; not "make" or "find", which people advise each other with), and the
+    # chat's own turns ("forget I said anything")
+    r"|add|generate|convert|calculate|try\s+again|forget\s+(?:it|that|i\s+said)|never\s+mind"
+    r")\b"
+    # a question put to the listener without its question mark: "what curriculum would you
+    # recommend" (not "when I was younger, we ...")
+    r"|^(?:what|which|who|how)\b[^,.!?]*\b(?:would|do|can|could|should|will)\s+you\b",
     re.IGNORECASE,
 )
 _SOFT_ASKS = re.compile(r"\bplease\b|^let's\b", re.IGNORECASE)
@@ -69,7 +79,7 @@ _REACTS = re.compile(
     r"^(?:(?:that|this)(?:'s|\s+is|\s+was|\s+sounds|\s+helps|\s+helped|\s+makes|\s+looks|\s+works)"
     r"|sounds|got\s+it|makes\s+sense|thanks|thank\s+you"
     r"|no\s+worries|fair\s+enough|nice|cool|great|awesome|perfect|wow|interesting|amazing|lovely"
-    r"|good|true|exactly|sure)\b",
+    r"|good|true|exactly|sure|cheers|nah|nope|so\s+much\s+for)\b",
     re.IGNORECASE,
 )
 # "i have a date tmrw??", "we're getting a puppy?!": news said in disbelief, with the word
@@ -79,36 +89,59 @@ _EXCITED_NEWS = re.compile(
     r".*(?:\?\?|\?!|!\?)$",
     re.IGNORECASE,
 )
+# news told as a question: "did I tell you my mum's moving in?", "guess who got the job?? me!!",
+# "can you believe I've been here ten years?": it tells
+_NEWS_ASKED = re.compile(
+    r"^(?:did\s+i\s+(?:tell|mention)|guess\s+(?:what|who)|can\s+you\s+believe(?!\s+(?:it|that|this)\b)"
+    r"|you'?ll\s+never\s+(?:believe|guess))\b",
+    re.IGNORECASE,
+)
 _CONCRETE = re.compile(r"(?i:\b(?:i|i'm|i've|i'd|i'll|my|mine|we|our|ours)\b)|\d|(?<=\s)[A-Z][a-z]")
 
 
-# A request or question tacked onto a statement after a comma or a dash: "the interview is a
-# week on Friday, can you give me some practice questions?" tells, then asks.
-_TAIL_ASK = re.compile(
-    r"[,;—–]\s*(?=(?:and\s+|but\s+|so\s+)?(?:(?:can|could|would|will)\s+you|do\s+you"
-    r"|(?:got\s+)?any\s+(?:ideas|tips|suggestions)|what\s+(?:do|should|would|can)\s+(?:i|we)"
-    r"|how\s+(?:do|should|can)\s+(?:i|we))\b)",
-    re.IGNORECASE,
-)
+# A request, question or reaction and a statement in one sentence, apart by a comma, a colon or
+# a dash: "the interview is a week on Friday, can you give me some practice questions?", "Tell
+# me a joke, my goldfish died this morning", "Help me plan a budget: I earn about $4,200".
+_CLAUSE = re.compile(r"\s*(?:[,;:](?=\s)|[—–]|\s-\s)\s*")  # not "4,200" or "7:30"
+_JOINER = re.compile(r"^(?:and|but|so|also)\s+", re.IGNORECASE)
+_TAIL_ANY = re.compile(r"^(?:(?:got\s+)?any\s+(?:ideas|tips|suggestions))\b", re.IGNORECASE)
 
 
 def split_tail_ask(sentence: str) -> list[str]:
-    """``sentence`` cut before a question or request tacked onto it (:data:`_TAIL_ASK`), the
-    head ending in a full stop; one piece when there is none or the head is under
-    :data:`MIN_WORDS` words ("So, do you ...?", "Also, any tips ...?")."""
-    match = _TAIL_ASK.search(sentence)
-    if match is None:
+    """``sentence`` cut into what it tells (its telling clauses, ending in a full stop) and the
+    clauses that ask or react (:func:`sentence_kind` of each, after a leading "and", "but" or
+    "so"), when it holds both; one piece when it does not, or when what it tells is under
+    :data:`MIN_WORDS` words ("So, do you ...?", "Also, any tips ...?") or nothing concrete
+    (:data:`_CONCRETE`: "Write a poem, something warm")."""
+    clauses = [c for c in _CLAUSE.split(sentence.strip()) if c]
+    if len(clauses) < 2:
         return [sentence]
-    head = sentence[: match.start()].rstrip(" ,;—–")
-    if len(head.split()) < MIN_WORDS:
+    ends = sentence.rstrip()[-1:] if sentence.rstrip()[-1:] in "?!." else ""
+    kinds = []
+    for i, clause in enumerate(clauses):
+        bare = _JOINER.sub("", clause)
+        last = i == len(clauses) - 1
+        kind = (
+            "asks" if _TAIL_ANY.match(bare) else sentence_kind(bare if last else bare.rstrip("?"))
+        )
+        kinds.append(kind)
+    tells = [c for c, k in zip(clauses, kinds, strict=True) if k == "tells"]
+    if len(tells) == len(clauses) or not tells:
         return [sentence]
-    return [head + ".", sentence[match.end() :]]
+    told = ", ".join(tells).rstrip(" .!?")
+    if len(told.split()) < MIN_WORDS or _CONCRETE.search(told) is None:
+        return [sentence]  # "nah, the first version was better" tells nothing of its own
+    # the rest as it was read: "..., so that was awesome" reacts as "that was awesome"
+    rest = [_JOINER.sub("", c) for c, k in zip(clauses, kinds, strict=True) if k != "tells"]
+    return [told + (ends if ends == "!" else "."), *rest]
 
 
 def sentence_kind(sentence: str) -> str:
     """``"asks"``, ``"reacts"`` or ``"tells"``: what one sentence does (rules above)."""
     text = sentence.strip()
     concrete = _CONCRETE.search(text) is not None
+    if _NEWS_ASKED.match(text):
+        return "tells"
     if (
         text.endswith("?")
         and not _EXCITED_NEWS.match(text)

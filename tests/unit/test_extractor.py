@@ -183,7 +183,7 @@ def test_a_request_tacked_onto_a_statement_is_cut_off():
         )
     )
     assert [(op.text, op.refers_to) for op in ops] == [
-        ("Anyway the interview is a week on Friday.", date(2024, 6, 7))
+        ("The interview is a week on Friday.", date(2024, 6, 7))  # "anyway" is filler
     ]
     assert split_tail_ask("We moved to Porto — how do I register with a doctor?") == [
         "We moved to Porto.",
@@ -228,3 +228,44 @@ def test_named_dates_weekdays_and_months_resolve_against_the_turn(text, expected
 )
 def test_numbers_and_words_that_are_not_dates_keep_the_turns_day(text):
     assert resolve_date(text, MAY8) == date(2023, 5, 8)
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        # the misses of 170 turns written for this (a helper given only what a fact is): 136
+        # right before, 161 after; re-worded here
+        # a request and a statement in one sentence, apart by a comma, a colon or a dash
+        ("Tell me a joke, I need cheering up, my hamster Biscuit died this morning.",
+         ["I need cheering up, my hamster Biscuit died this morning."]),
+        ("Help me plan a budget: I earn about $3,900 a month and my rent's $1,450.",
+         ["I earn about $3,900 a month and my rent's $1,450."]),
+        ("We're flying to Crete on the 12th - what should I pack?",
+         ["We're flying to Crete on the 12th."]),
+        ("What's a good warm-up for swimmers — I've joined a masters squad in Leith",
+         ["I've joined a masters squad in Leith."]),
+        ("cheers for that. we've moved Ava to homeschooling, what books would you recommend",
+         ["We've moved Ava to homeschooling."]),
+        ("Never mind the recipe, my parents cancelled, they're not coming for Easter.",
+         ["My parents cancelled, they're not coming for Easter."]),
+        # requests, reactions and greetings alone are no facts
+        ("Add eggs and butter to my shopping list.", []),
+        ("Generate three names for our five-a-side team.", []),
+        ("nah, the second draft was better", []),
+        ("cheers, that's spot on", []),
+        ("forget I said anything", []),
+        ("so much for that idea then", []),
+        ("Write a limerick for my dad's card, something cheeky but kind.", []),
+        ("Morning! Had my first swimming lesson yesterday and swallowed half the pool",
+         ["Had my first swimming lesson yesterday and swallowed half the pool"]),
+        # news told as a question
+        ("Did I tell you my sister's moving to Perth in March?",
+         ["Did I tell you my sister's moving to Perth in March?"]),
+        ("guess who passed her driving test?? me!!", ["Guess who passed her driving test?? Me!!"]),
+        ("Added a shelf in the hall and it's level for once.",
+         ["Added a shelf in the hall and it's level for once."]),
+    ],
+)  # fmt: skip
+def test_what_a_turn_tells_is_kept_and_what_it_asks_is_not(text, kept):
+    ops = DeterministicExtractor().extract(Turn("user", text, MAY8))
+    assert [op.text for op in ops] == kept
