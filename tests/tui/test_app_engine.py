@@ -180,8 +180,14 @@ async def test_chat_streams_a_reply_with_its_memory_and_compares_modes(
             assert second.reply is not None and second.reply.mode == "prompt"
             assert second.reply.result.injected_tokens == 0
             assert set(panel.last) == {"inject", "prompt"}
-            screen_text = _screen_text(app, tmp_path / "compare.svg")
-            assert "last reply per mode" in screen_text and "inject    prompt" in screen_text
+            # the panel draws on its next refresh: on a busy machine after the check above
+            await _until(
+                pilot,
+                lambda: "last reply per mode" in _screen_text(app, tmp_path / "compare.svg"),
+                timeout=30,
+                what="the panel's comparison",
+            )
+            assert "inject    prompt" in _screen_text(app, tmp_path / "compare.svg")
             reply.focus()  # selecting an earlier reply shows its memory again
             await _until(pilot, lambda: panel.shown is reply.reply, what="the first reply")
             docs = os.environ.get("INFERSCALE_DOCS_SCREENSHOT")  # how docs/ got its picture
