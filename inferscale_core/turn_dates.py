@@ -18,6 +18,7 @@ nearer of its two occurrences. Nothing found: the day it was said.
 
 from __future__ import annotations
 
+import calendar
 import re
 from collections.abc import Iterator
 from datetime import date, datetime, timedelta
@@ -265,7 +266,7 @@ def _nth_weekday(year: int, month: int, weekday: int, n: int) -> date:
     """The ``n``th ``weekday`` (Monday 0) of the month; ``n`` = -1 its last (the fifth one
     of a month with four: its last)."""
     first = date(year, month, 1)
-    end = date(year + (month == 12), month % 12 + 1, 1) - timedelta(days=1)
+    end = _month_end(year, month)
     if n < 0:
         return end - timedelta(days=(end.weekday() - weekday) % 7)
     found = first + timedelta(days=(weekday - first.weekday()) % 7 + 7 * (n - 1))
@@ -290,7 +291,7 @@ def _of_month(match: re.Match[str], text: str, day: date) -> date | None:
         )
 
     def of(year: int, month: int) -> date | None:
-        end = date(year + (month == 12), month % 12 + 1, 1) - timedelta(days=1)
+        end = _month_end(year, month)
         if match.group("lastday"):
             return end
         if match.group("first"):
@@ -392,8 +393,12 @@ def _months_before(day: date, months: int) -> date:
     where it is shorter: 31 March less a month is 28 or 29 February)."""
     index = day.year * 12 + day.month - 1 - months
     year, month = divmod(index, 12)
-    first_of_next = date(year + (month == 11), (month + 1) % 12 + 1, 1)
-    return date(year, month + 1, min(day.day, (first_of_next - timedelta(days=1)).day))
+    return date(year, month + 1, min(day.day, _month_end(year, month + 1).day))
+
+
+def _month_end(year: int, month: int) -> date:
+    """The last day of ``month`` (1-12) of ``year``."""
+    return date(year, month, calendar.monthrange(year, month)[1])
 
 
 def _part_at(text: str, at: int, parts: re.Pattern[str]) -> str:
