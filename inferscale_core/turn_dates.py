@@ -84,6 +84,10 @@ _LAST_YEAR = re.compile(r"\blast\s+year\b", re.I)
 _MONTHS = (
     r"(?:january|february|march|april|june|july|august|september|october|november|december"
     r"|jan|feb|mar|apr|jun|jul|aug|sept?|oct|nov|dec)\b|(?-i:May)\b"
+    # "may" in lower case is the month beside a day's number ("my last day is may 30")
+    # (not the verb after its subject: "I may 2x it")
+    r"|(?<!\bi\s)(?<!you\s)(?<!\bwe\s)(?<!they\s)(?<!\bhe\s)(?<!she\s)(?<!\bit\s)"
+    r"may(?=\s+\d{1,2}(?:st|nd|rd|th)?\b)|(?<=\d\s)may\b|(?<=\d[a-z]{2}\s)may\b"
 )
 _DATE_WORD = re.compile(
     rf"\b(?:{_MONTHS}|\d{{4}}-\d\d-\d\d\b|(?:in|since|during|of)\s+(?:19|20)\d\d\b)",
@@ -98,7 +102,21 @@ _DAY_RANGE = re.compile(
 _WEEKDAYS = ("mon", "tues", "wednes", "thurs", "fri", "satur", "sun")
 _WEEKDAY = re.compile(
     rf"\b(?:(?P<which>last|this|next|on|coming)\s+)?{_DAY_NAME}\b"
-    r"(?!\s*(?:\d|the\s+\d|" + _MONTHS + "))",
+    # not a weekday of a date ("Tuesday 12 March", "Saturday the 7th": the date's); a time
+    # after it ("this coming tuesday 10am") leaves it a weekday
+    r"(?!\s*\d{1,2}(?!\s*(?:am|pm|a\.m|p\.m|[:.h]\d))(?:st|nd|rd|th)?\b|,?\s*the\s+\d|\s*(?:"
+    + _MONTHS
+    + "))",
+    re.IGNORECASE,
+)
+# "Saturday the 7th", "on thursday, the 4th": the 7th that is a Saturday, near the day said
+_WEEKDAY_DOM = re.compile(
+    rf"\b(?:on\s+)?{_DAY_NAME},?\s+the\s+(?P<dom>\d{{1,2}})(?:st|nd|rd|th)\b", re.IGNORECASE
+)
+# "monday last week", "on the Tuesday of the week before last": that weekday of that week
+_WEEKDAY_OF_WEEK = re.compile(
+    r"\b(?:on\s+)?(?:the\s+)?(?P<day>mon|tues|wednes|thurs|fri|satur|sun)day\s+(?:of\s+)?"
+    r"(?:(?P<before>the\s+week\s+before\s+last)|last\s+week)\b",
     re.IGNORECASE,
 )
 # A weekday that recurs ("thursday nights in the church hall", "every Friday") names no day;
@@ -113,21 +131,24 @@ _BEFORE_LAST = re.compile(r"\s+before\s+last\b", re.IGNORECASE)  # "the Thursday
 # of May" is dateparser's, "the 3rd of next month" _OF_MONTH's), not an ordinal of something
 # else ("on the 3rd floor", "for the 2nd time")
 _DAY_OF_MONTH = re.compile(
-    r"\b(?:on|by|for|from|since|until|till|before|after)\s+the\s+(\d{1,2})(?:st|nd|rd|th)\b"
+    r"\b(?:on|by|for|from|since|until|till|before|after|starting|beginning|as\s+of)"
+    r"\s+the\s+(\d{1,2})(?:st|nd|rd|th)\b"
     rf"(?!\s+(?:of\s+)?(?:{_MONTHS}|(?:this|next|last)\s+month))"
     r"(?!\s+(?:time|times|floor|place|row|round|go|try|attempt|lap|day|week|year|anniversary"
     r"|birthday|century|grade|edition|series|season|stop|hole|page|chapter|book)\b)",
     re.IGNORECASE,
 )
 # A day named within a month: "the first of next month", "the 15th of this month", "the last
-# day of February", "the last Friday of June", "the second Sunday in April" (a month without
-# its year: the nearest by the sentence's tense, as a named date)
+# day of February", "the end of January" (its last day; "the middle of" the 15th, "the end of
+# the month" this month's), "the last Friday of June", "the second Sunday in April" (a month
+# without its year: the nearest by the sentence's tense, as a named date)
 _ORDINALS = {"first": 1, "second": 2, "third": 3, "fourth": 4, "fifth": 5, "last": -1}
 _OF_MONTH = re.compile(
-    r"\bthe\s+(?:(?P<dom>\d{1,2})(?:st|nd|rd|th)|(?P<first>first)|(?P<lastday>last\s+day)"
+    r"\bthe\s+(?:(?P<dom>\d{1,2})(?:st|nd|rd|th)|(?P<first>first|start|beginning)"
+    r"|(?P<lastday>last\s+day|end)|(?P<middle>middle)"
     r"|(?P<nth>first|second|third|fourth|fifth|last|[1-5](?:st|nd|rd|th))\s+"
     r"(?P<day>mon|tues|wednes|thurs|fri|satur|sun)day)"
-    r"\s+(?:of|in)\s+(?:(?P<rel>this|next|last)\s+month"
+    r"\s+(?:of|in)\s+(?:(?P<rel>this|next|last|the)\s+month"
     rf"|(?P<month>{_MONTHS})(?:,?\s+(?P<year>(?:19|20)\d\d))?)",
     re.IGNORECASE,
 )
@@ -194,6 +215,20 @@ _HOLIDAY_AT = re.compile(
     re.IGNORECASE,
 )
 
+# "the Saturday after New Year", "the Friday before Christmas": the first such weekday after
+# (before) the holiday ("New Year" alone is New Year's Day here, and only here: "Happy new
+# year" names no day)
+_WEEKDAY_BY_HOLIDAY = re.compile(
+    rf"\bthe\s+{_DAY_NAME}\s+(?P<side>after|before)\s+(?:the\s+)?"
+    rf"(?P<name>{_HOLIDAY_NAMES}|new\s+year)\b",
+    re.IGNORECASE,
+)
+# "saw in the new year on Calton Hill": New Year's Eve
+_SEE_IN_NEW_YEAR = re.compile(
+    r"\b(?:saw|see|seeing|seen|rang|ring|ringing|rung|welcomed?|welcoming)\s+in\s+the\s+new\s+year\b",
+    re.IGNORECASE,
+)
+
 # A plan looks forward: "I'll fly on 28 October" is this October's, "I flew on 28 October" too.
 _FUTURE = re.compile(
     r"\b(?:will|shall|going\s+to|gonna|plan(?:s|ning)?\s+to|postponed|rescheduled|next"
@@ -217,6 +252,8 @@ _FUTURE = re.compile(
 )
 # a subject and its verb ("I get", "we fly", "she starts"): a clause of its own tense
 _OWN_VERB = re.compile(r"\b(?:i|we|he|she|they)\s+(?-i:[a-z]+)\b", re.IGNORECASE)
+# a present copula: "gave notice, my last day is may 30" (the clause's own tense, as a verb)
+_PRESENT_COPULA = re.compile(r"\b(?:is|are|am)\b", re.IGNORECASE)
 # a plan by its noun alone: "first appointment was on the 26th" is past, its verb says so
 _WEAK_FUTURE = re.compile(r"\bappointments?\b", re.IGNORECASE)
 _PAST_TENSE = re.compile(
@@ -278,7 +315,7 @@ def _of_month(match: re.Match[str], text: str, day: date) -> date | None:
     rel = (match.group("rel") or "").lower()
     if rel:
         year, month = divmod(
-            day.year * 12 + day.month - 1 + {"this": 0, "next": 1}.get(rel, -1), 12
+            day.year * 12 + day.month - 1 + {"this": 0, "the": 0, "next": 1}.get(rel, -1), 12
         )
         months = [(year, month + 1)]
     else:
@@ -296,6 +333,8 @@ def _of_month(match: re.Match[str], text: str, day: date) -> date | None:
             return end
         if match.group("first"):
             return date(year, month, 1)
+        if match.group("middle"):
+            return date(year, month, 15)
         if match.group("nth"):
             nth = match.group("nth").lower()
             n = _ORDINALS.get(nth) or int(nth[0])
@@ -333,6 +372,21 @@ def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
             n = _count(match.group(1))
             weeks = match.group(2).lower().startswith("w")
             yield match.start(), day + (timedelta(weeks=n) if weeks else timedelta(days=n))
+    if match := _WEEKDAY_BY_HOLIDAY.search(text):  # "the Saturday after New Year"
+        name = match.group("name")
+        tense = _tense(text, match.start())
+        named = (
+            _holiday("new years day", day, tense)
+            if re.fullmatch(r"new\s+year", name, re.IGNORECASE)
+            else _holiday(name, day, tense)
+        )
+        gap = (_target(match) - named.weekday()) % 7 or 7
+        yield (
+            match.start(),
+            named + timedelta(days=gap if match.group("side") == "after" else gap - 7),
+        )
+    if match := _SEE_IN_NEW_YEAR.search(text):
+        yield match.start(), _holiday("new years eve", day, _tense(text, match.start()))
     if match := _HOLIDAY_AT.search(text):  # "at Easter", "over Christmas", "on Boxing Day"
         which = (match.group("which") or "").lower()
         tense = {"last": "past", "next": "future"}.get(which) or _tense(text, match.start())
@@ -354,6 +408,12 @@ def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
             yield match.start(), dom
     if (match := _OF_MONTH.search(text)) and (named := _of_month(match, text, day)) is not None:
         yield match.start(), named
+    weekday_dom = _WEEKDAY_DOM.search(text)  # before the weekday alone, at the same place
+    if weekday_dom and (named := _weekday_dom(weekday_dom, day, _tense(text, weekday_dom.start()))):
+        yield weekday_dom.start(), named
+    if match := _WEEKDAY_OF_WEEK.search(text):
+        monday = day - timedelta(days=day.weekday() + (14 if match.group("before") else 7))
+        yield match.start(), monday + timedelta(days=_target(match))
     weekdays = text
     for match in _HOLIDAY.finditer(text):  # "for Easter Sunday": Easter's, no Sunday's
         if _HOLIDAY_WEEKDAY.search(match.group(0)):
@@ -422,7 +482,7 @@ def _tense(text: str, at: int) -> str:
             return "past"
         if _WEAK_FUTURE.search(part):
             return "future"
-        if part is clause and _OWN_VERB.search(part):
+        if part is clause and (_OWN_VERB.search(part) or _PRESENT_COPULA.search(part)):
             return ""
     return ""
 
@@ -498,6 +558,22 @@ def _day_of_month(dom: int, day: date, tense: str) -> date | None:
         later = [d for d in options if d > this[0]]
         return later[0] if (day - this[0]).days > 7 and later else this[0]
     return _by_tense(options, day, tense) if options else None
+
+
+def _weekday_dom(match: re.Match[str], day: date, tense: str) -> date | None:
+    """The day a :data:`_WEEKDAY_DOM` match names: of the months around ``day``, the one
+    whose day ``dom`` falls on the weekday said, by ``tense`` (as :func:`_by_tense`); where
+    none does, the day of the month alone (:func:`_day_of_month`)."""
+    dom, target = int(match.group("dom")), _target(match)
+    options = []
+    for shift in range(-2, 3):
+        year, month = divmod(day.year * 12 + day.month - 1 + shift, 12)
+        if (
+            dom <= _month_end(year, month + 1).day
+            and date(year, month + 1, dom).weekday() == target
+        ):
+            options.append(date(year, month + 1, dom))
+    return _by_tense(options, day, tense) if options else _day_of_month(dom, day, tense)
 
 
 def _nearest_of_year(month: int, dom: int, day: date, tense: str) -> date:

@@ -11,7 +11,8 @@ turns of life-dev8 and -dev9, measured before any change; and of life-dev10 and 
 ("in two days", "the week before last, on the Wednesday", "at Easter", "at christmas"), and
 of life-heldout4, read after its blind run ("I get the keys on 8 March", "eight days ago");
 and of a set of 130 dated turns written for dates alone ("the last Friday of June",
-"Thanksgiving", "booked for the 21st").
+"Thanksgiving", "booked for the 21st"); and of life-dev12 and -dev13, measured before any
+change ("Saturday the 7th", "monday last week", "the Saturday after New Year").
 """
 
 from datetime import date, datetime
@@ -173,6 +174,24 @@ SUN = datetime(2024, 1, 14, 9, 0)  # a Sunday
          date(2024, 6, 28)),
         ("Dad's flying in on Tuesday, need to make up the spare bed.", datetime(2025, 5, 29),
          date(2025, 6, 3)),
+        # of two sets written later (life-dev12, -dev13), re-worded: a weekday with its day
+        # of the month, a weekday of last week, a holiday's weekday, a time after a weekday
+        ("Sam came over for lunch on Sunday the 9th.", datetime(2025, 11, 20), date(2025, 11, 9)),
+        ("the fair on friday, the 4th, was rammed", datetime(2025, 4, 9), date(2025, 4, 4)),
+        ("started the new shifts on tuesday last week", datetime(2025, 4, 9), date(2025, 4, 1)),
+        ("We signed on the Friday of the week before last.", datetime(2025, 4, 9),
+         date(2025, 3, 28)),
+        ("They left on the Sunday after New Year.", datetime(2025, 1, 15), date(2025, 1, 5)),
+        ("The office party is the Friday before Christmas.", datetime(2025, 12, 1),
+         date(2025, 12, 19)),
+        ("We saw in the new year on the beach.", datetime(2026, 1, 3), date(2025, 12, 31)),
+        ("dentist this coming thursday 9am, ugh", datetime(2025, 4, 9), date(2025, 4, 10)),
+        ("they're moving me to lates starting the 20th", datetime(2025, 4, 9), date(2025, 4, 20)),
+        ("handed in my notice, my last day is may 30", datetime(2025, 5, 20), date(2025, 5, 30)),
+        ("We had the party on Saturday, 14 people came.", THU, date(2024, 12, 7)),  # no 14th
+        ("She went on leave at the end of January.", datetime(2026, 2, 5), date(2026, 1, 31)),
+        ("We move out at the end of the month.", datetime(2026, 2, 5), date(2026, 2, 28)),
+        ("The audit is in the middle of March.", datetime(2026, 2, 5), date(2026, 3, 15)),
     ],
 )  # fmt: skip
 def test_a_turns_day(text, said, expected):
@@ -202,6 +221,7 @@ def test_the_first_expression_said_is_the_one_told_of():
         "I met April Ludgate at the library.",  # a name, no April
         "Our flat is on the 3rd floor, no lift.",  # ordinals of other things
         "Failed the theory test for the 2nd time, gutted.",
+        "Happy new year! Hope yours was good.",  # a greeting names no day
     ],
 )
 def test_words_that_are_not_days_keep_the_day_said(text):
