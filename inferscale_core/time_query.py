@@ -297,12 +297,18 @@ _STATES_PAST = re.compile(
 )
 
 
+# ... unless they tell what holds now beside it: "my old dentist is too far now, so I found one
+# here", "new dentist yesterday, she complimented the crown my old dentist did"
+_STATES_NOW = re.compile(rf"\b(?:{_NOW_WORDS}|at\s+present|instead|new)\b", re.IGNORECASE)
+
+
 @functools.lru_cache(maxsize=8192)  # the same facts come back search after search
 def states_past(text: str) -> bool:
     """Whether a fact's own words place it before now ("My old job was at the post office",
-    "I used to run"): for a question about the present the retriever puts it after the
-    others, as it does a fact the log closed."""
-    return _STATES_PAST.search(text) is not None
+    "I used to run") and say nothing of now ("... so I found a new one"): for a question
+    about the present the retriever puts it after the others, as it does a fact the log
+    closed."""
+    return _STATES_PAST.search(text) is not None and _STATES_NOW.search(text) is None
 
 
 def asks_about_past(question: str, today: date) -> bool:

@@ -137,6 +137,10 @@ def test_the_present(question, present):
         ("My old friend Sam visited.", False),
         ("My old man turns seventy in May.", False),
         ("My exam is on Friday.", False),
+        # the old one named beside what holds now
+        ("My old dentist is too far now, so I found one in town.", False),
+        ("New dentist yesterday; she liked the crown my old dentist did.", False),
+        ("I used to cycle, I take the bus instead.", False),
     ],
 )
 def test_a_fact_that_tells_of_the_past(text, past):
