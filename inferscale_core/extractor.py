@@ -35,7 +35,8 @@ MAX_FACT_CHARS = 400
 # only when a comma, a stop or a new clause ("I", "we") follows it, so "So much for..." and
 # "No one came" keep their first word.
 _INTERJECTION = (
-    r"(?:um+|uh+|erm|hmm+|oh+|ah+|ok(?:ay)?|yeah|yep|lol|(?:ha)+h?|hey|hi|hiya|hello|btw|anyway)\b"
+    r"(?:um+|uh+|erm|hmm+|oh+|ah+|ok(?:ay)?|yeah|yep|lol|omg|wow|(?:ha)+h?|hey|hi|hiya|hello|btw"
+    r"|fyi|anyway)\b"
 )
 _DISCOURSE = (
     r"(?:(?:so|well|actually|like|yes|no|thanks|thank you|sorry|(?:good\s+)?(?:morning|evening"
@@ -44,7 +45,9 @@ _DISCOURSE = (
 )
 _FILLER_START = re.compile(rf"^(?:(?:{_INTERJECTION}|{_DISCOURSE})[\s,.!:;-]*)+", re.IGNORECASE)
 _FILLER_END = re.compile(r"(?:[\s,]*(?:lol|haha+|hehe|:\)|:D|xD))+[\s.!]*$", re.IGNORECASE)
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+# a stop, or an emoji, which people end a sentence with ("snores like a train 😩 what can we
+# do?")
+_SENTENCE_END = re.compile(r"(?<=[.!?\u2600-\u27bf\U0001f300-\U0001faff])\s+")
 
 # What a sentence of a person's turn does; a fact keeps only the sentences that tell.
 #   asks:   a question ("...?", or one opening "why is", "can I"), or a request to the listener:
@@ -58,7 +61,10 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 # Concrete (_CONCRETE) is a first-person subject or possessive, a number, or a name (a capital
 # inside the sentence): "Thanks, that's where Ana lives" tells; "That helps a bit" does not.
 _ASKS = re.compile(
-    r"^(?:please|(?:can|could|would|will)\s+you|do\s+you|(?:can|could|may|should)\s+(?:i|we)"
+    r"^(?:please|pls|plz|kindly|(?:can|could|would|will)\s+(?:you|u)|do\s+(?:you|u)"
+    r"|(?:can|could|may|should)\s+(?:i|we)"
+    # a question in a statement's words but for the verb first: "is it going to rain all week"
+    r"|(?:is|are|was|were|does|did|will|has|have)\s+(?:it|there|you|that|this)"
     r"|(?:what|where|when|who|why|how|which)(?:'s|\s+(?:is|are|was|were|do|does|did|can|should))"
     r"|(?:tell|give|show|help|remind)\s+(?:me|us)"
     r"|let\s+me\s+know|i(?:'d|\s+would)\s+like\s+you|i\s+(?:want|need)\s+you"
@@ -67,11 +73,12 @@ _ASKS = re.compile(
     # an imperative of an assistant's trade whose past differs from it ("Add milk to my list",
     # not "Added a shelf"; not "make" or "find", which people advise each other with), and the
     # chat's own turns ("forget I said anything")
-    r"|add|generate|convert|calculate|try\s+again|forget\s+(?:it|that|i\s+said)|never\s+mind"
+    r"|add|generate|convert|calculate|list|ignore|try\s+again|forget\s+(?:it|that|i\s+said)"
+    r"|never\s+mind|set\s+(?:me\s+)?(?:an?\s+)?(?:alarm|reminder|timer)"
     r")\b"
     # a question put to the listener without its question mark: "what curriculum would you
     # recommend" (not "when I was younger, we ...")
-    r"|^(?:what|which|who|how)\b[^,.!?]*\b(?:would|do|can|could|should|will)\s+you\b",
+    r"|^(?:what|which|who|how)\b[^,.!?]*\b(?:would|do|can|could|should|will)\s+(?:you|u)\b",
     re.IGNORECASE,
 )
 _SOFT_ASKS = re.compile(r"\bplease\b|^let's\b", re.IGNORECASE)
@@ -79,9 +86,19 @@ _REACTS = re.compile(
     r"^(?:(?:that|this)(?:'s|\s+is|\s+was|\s+sounds|\s+helps|\s+helped|\s+makes|\s+looks|\s+works)"
     r"|sounds|got\s+it|makes\s+sense|thanks|thank\s+you"
     r"|no\s+worries|fair\s+enough|nice|cool|great|awesome|perfect|wow|interesting|amazing|lovely"
-    r"|good|true|exactly|sure|cheers|nah|nope|so\s+much\s+for)\b",
+    r"|good|true|exactly|sure|cheers|nah|nope|brilliant|so\s+much\s+for)\b",
     re.IGNORECASE,
 )
+# reactions to the chat itself whatever they hold: "I didn't know that!", "I meant the other
+# one", "not sure about that", "You're a lifesaver", "I forgot what I told you"
+_REACTS_ANYWAY = re.compile(
+    r"^(?:i\s+(?:didn't|did\s+not)\s+know\s+(?:that|this)|i\s+meant|not\s+sure\s+about\s+(?:that|this|it)"
+    r"|you(?:'re|\s+are)\s+(?:a|an|the|so|too|right|amazing|brilliant|the\s+best)"
+    r"|i\s+(?:forgot|forget)\s+what\s+i\s+(?:told|said))\b",
+    re.IGNORECASE,
+)
+# the condition of a question ("if I moved to Spain, would I ...?"): part of the question
+_CONDITION = re.compile(r"^(?:if|hypothetically|suppose|supposing|say)\b", re.IGNORECASE)
 # "i have a date tmrw??", "we're getting a puppy?!": news said in disbelief, with the word
 # order of a statement (I, we or my first, then no "should", "could", ...), tells
 _EXCITED_NEWS = re.compile(
@@ -121,9 +138,10 @@ def split_tail_ask(sentence: str) -> list[str]:
     for i, clause in enumerate(clauses):
         bare = _JOINER.sub("", clause)
         last = i == len(clauses) - 1
-        kind = (
-            "asks" if _TAIL_ANY.match(bare) else sentence_kind(bare if last else bare.rstrip("?"))
-        )
+        if _TAIL_ANY.match(bare) or ends == "?" and _CONDITION.match(bare):
+            kind = "asks"
+        else:
+            kind = sentence_kind(bare if last else bare.rstrip("?"))
         kinds.append(kind)
     tells = [c for c, k in zip(clauses, kinds, strict=True) if k == "tells"]
     if len(tells) == len(clauses) or not tells:
@@ -149,7 +167,7 @@ def sentence_kind(sentence: str) -> str:
         or (_SOFT_ASKS.search(text) and not concrete)
     ):
         return "asks"
-    if _REACTS.match(text) and not concrete:
+    if _REACTS.match(text) and not concrete or _REACTS_ANYWAY.match(text):
         return "reacts"
     return "tells"
 
