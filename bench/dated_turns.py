@@ -6,6 +6,9 @@ weekends, days of the month, named dates, holidays of several countries, a day a
 numbers, no day at all), each with the moment it was said and the day it tells of, computed
 with Python's datetime. Each is given to :func:`~inferscale_core.turn_dates.resolve_date` with
 its moment; right is the labelled day (a turn naming none: the local day said).
+``bench/data/dated-turns-2.json`` holds 150 more, written the same way by a second helper
+(2026-12-07, a third session), with more countries' holidays, figures, fuzzy parts of months
+and requests that name a day; 98 were right when it came, before anything was read of it.
 
 ``python -m bench.dated_turns [--data PATH] [--json PATH]`` prints the misses and ``right/n``.
 """

@@ -108,6 +108,13 @@ _MONTH_CUE_BEFORE = re.compile(
 )
 _MONTH_CUE_AFTER = re.compile(r"\s*(?:\d|of\b|,\s*(?:19|20)\d\d)", re.IGNORECASE)
 _CAPITALIZED_WORD = re.compile(r"\s+[A-Z][a-z]")
+# "my nan June", "Auntie May", "cousin April": a person the speaker names by relation
+_RELATION_BEFORE = re.compile(
+    r"\b(?:nan|nana|nanna|gran|granny|grandma|grandad|grandpa|aunt|auntie|aunty|uncle|cousin"
+    r"|sister|brother|mum|mom|mam|mother|dad|father|daughter|son|niece|nephew|wife|husband"
+    r"|partner|friend|boss|colleague|neighbou?r|girlfriend|boyfriend|fianc[ée]e?)\s+$",
+    re.IGNORECASE,
+)
 
 
 def month_names_masked(text: str) -> str:
@@ -125,6 +132,8 @@ def month_names_masked(text: str) -> str:
             text, match.end()
         ):
             return word
+        if _RELATION_BEFORE.search(text, 0, match.start()):
+            return "_" * len(word)
         if _CAPITALIZED_WORD.match(text, match.end()) or len(word) == 3:
             return "_" * len(word)
         return word

@@ -40,10 +40,11 @@ _COUNT = (
     r"(\d{1,3}|a|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen"
     r"|fourteen|fifteen|eighteen|twenty|a\s+couple\s+of|a\s+few)"
 )
-_DAYS_AGO = re.compile(rf"\b{_COUNT}\s+days?\s+ago\b", re.I)
-_WEEKS_AGO = re.compile(rf"\b(?:{_COUNT}\s+weeks?|a\s+(fortnight))\s+ago\b", re.I)
+_AGO = r"(?:ago|back)"  # "ten days back"
+_DAYS_AGO = re.compile(rf"\b{_COUNT}\s+days?\s+{_AGO}\b", re.I)
+_WEEKS_AGO = re.compile(rf"\b(?:{_COUNT}\s+weeks?|a\s+(fortnight))\s+{_AGO}\b(?!\s+\w+day\b)", re.I)
 # "two years ago", "a couple of months ago", "18 months ago": the same day that many back
-_MONTHS_AGO = re.compile(rf"\b{_COUNT}\s+(months?|years?)\s+ago\b", re.I)
+_MONTHS_AGO = re.compile(rf"\b{_COUNT}\s+(months?|years?)\s+{_AGO}\b", re.I)
 # "in two days", "in a week", "in a fortnight": that many on, unless its clause tells of the
 # past ("I read it in 3 days" is how long it took)
 _IN_DAYS = re.compile(rf"\bin\s+(?:{_COUNT}\s+(days?|weeks?)|a\s+(fortnight))\b", re.I)
@@ -58,6 +59,8 @@ _SHIFTS = (
     # "the day before yesterday" starts before its "yesterday": the earlier expression wins
     (re.compile(r"\b(?:the\s+)?day\s+before\s+yesterday\b", re.I), -2),
     (re.compile(r"\b(?:the\s+)?day\s+after\s+(?:tomorrow|tmrw)\b", re.I), 2),
+    (re.compile(r"\ba\s+week\s+(?:from\s+)?(?:tomorrow|tmrw)\b", re.I), 8),
+    (re.compile(r"\ba\s+week\s+(?:from\s+)?today\b", re.I), 7),
     (re.compile(r"\b(?:yesterday|last\s+night|yday)\b", re.I), -1),
     # the day said, but said first: "Cremà tonight. ... went up last year" tells of tonight
     (re.compile(r"\b(?:tonight|today|this\s+(?:morning|afternoon|evening))\b", re.I), 0),
@@ -74,6 +77,9 @@ _LAST_WEEK_ON = re.compile(
     rf"\b(?:(?P<which>on)\s+)?{_DAY_NAME}\b",
     re.IGNORECASE,
 )
+_WEEK_AGO_WEEKDAY = re.compile(
+    r"\ba\s+week\s+ago\s+(?:last\s+)?(?P<day>mon|tues|wednes|thurs|fri|satur|sun)day\b", re.I
+)
 _LAST_MONTH = re.compile(r"\blast\s+month\b", re.I)
 _LAST_YEAR = re.compile(r"\blast\s+year\b", re.I)
 
@@ -88,6 +94,9 @@ _MONTHS = (
     # (not the verb after its subject: "I may 2x it")
     r"|(?<!\bi\s)(?<!you\s)(?<!\bwe\s)(?<!they\s)(?<!\bhe\s)(?<!she\s)(?<!\bit\s)"
     r"may(?=\s+\d{1,2}(?:st|nd|rd|th)?\b)|(?<=\d\s)may\b|(?<=\d[a-z]{2}\s)may\b"
+)
+_MONTH_STOP = re.compile(
+    r"\b(jan|feb|mar|apr|jun|jul|aug|sept?|oct|nov|dec)\.(?=\s*\d)", re.IGNORECASE
 )
 _DATE_WORD = re.compile(
     rf"\b(?:{_MONTHS}|\d{{4}}-\d\d-\d\d\b|(?:in|since|during|of)\s+(?:19|20)\d\d\b)",
@@ -131,8 +140,8 @@ _BEFORE_LAST = re.compile(r"\s+before\s+last\b", re.IGNORECASE)  # "the Thursday
 # of May" is dateparser's, "the 3rd of next month" _OF_MONTH's), not an ordinal of something
 # else ("on the 3rd floor", "for the 2nd time")
 _DAY_OF_MONTH = re.compile(
-    r"\b(?:on|by|for|from|since|until|till|before|after|starting|beginning|as\s+of)"
-    r"\s+the\s+(\d{1,2})(?:st|nd|rd|th)\b"
+    r"(?:\b(?:on|by|for|from|since|until|till|before|after|starting|beginning|as\s+of)"
+    r"\s+(?:the\s+)?|\b(?:is|was|are|were|'s)\s+the\s+|^the\s+)(\d{1,2})(?:st|nd|rd|th)\b"
     rf"(?!\s+(?:of\s+)?(?:{_MONTHS}|(?:this|next|last)\s+month))"
     r"(?!\s+(?:time|times|floor|place|row|round|go|try|attempt|lap|day|week|year|anniversary"
     r"|birthday|century|grade|edition|series|season|stop|hole|page|chapter|book)\b)",
@@ -144,16 +153,21 @@ _DAY_OF_MONTH = re.compile(
 # without its year: the nearest by the sentence's tense, as a named date)
 _ORDINALS = {"first": 1, "second": 2, "third": 3, "fourth": 4, "fifth": 5, "last": -1}
 _OF_MONTH = re.compile(
-    r"\bthe\s+(?:(?P<dom>\d{1,2})(?:st|nd|rd|th)|(?P<first>first|start|beginning)"
-    r"|(?P<lastday>last\s+day|end)|(?P<middle>middle)"
+    r"\b(?:the\s+(?:(?P<dom>\d{1,2})(?:st|nd|rd|th)|(?P<first>first)|(?P<lastday>last\s+day))"
+    r"|(?:the\s+)?(?:(?P<start>start|beginning)|(?P<end>end)|(?P<middle>middle))"
+    r"|the\s+(?:"
     r"|(?P<nth>first|second|third|fourth|fifth|last|[1-5](?:st|nd|rd|th))\s+"
-    r"(?P<day>mon|tues|wednes|thurs|fri|satur|sun)day)"
+    r"(?P<day>mon|tues|wednes|thurs|fri|satur|sun)day))"
     r"\s+(?:of|in)\s+(?:(?P<rel>this|next|last|the)\s+month"
     rf"|(?P<month>{_MONTHS})(?:,?\s+(?P<year>(?:19|20)\d\d))?)",
     re.IGNORECASE,
 )
+_MID_MONTH = re.compile(rf"\bmid[-\s]?(?P<month>{_MONTHS})", re.IGNORECASE)  # "mid-April": the 15th
 _WEEKEND = re.compile(
-    r"\b(?:(?P<which>last|this|next)\s+weekend|the\s+weekend\s+before\s+last)\b", re.IGNORECASE
+    r"\b(?:(?P<which>last|this|next)\s+weekend|the\s+weekend\s+before\s+last"
+    r"|(?P<gone>(?:the|this)\s+(?:past\s+weekend|weekend\s+(?:just\s+)?gone))"
+    r"|(?P<at>(?:at|on|over)\s+the\s+weekend))\b",
+    re.IGNORECASE,
 )
 _WEEKEND_SATURDAY = {"last": -2, "this": 5, "next": 12, None: -9}  # days from this week's Monday
 # The days of the year people name. Fixed ones by (month, day); Easter's by days from Easter
@@ -161,7 +175,22 @@ _WEEKEND_SATURDAY = {"last": -2, "this": 5, "next": 12, None: -9}  # days from t
 # the month (Monday 0; n = -1 the last). Where countries differ the most common day is taken
 # (Mother's Day: the second Sunday of May, as in the US, Canada, Australia and India; the UK's
 # and Ireland's is "Mothering Sunday").
-_HOLIDAYS: dict[str, tuple[int, int] | int | tuple[int, int, int]] = {  # no apostrophes
+_LUNAR_NEW_YEAR = {
+    2020: (1, 25), 2021: (2, 12), 2022: (2, 1), 2023: (1, 22), 2024: (2, 10), 2025: (1, 29),
+    2026: (2, 17), 2027: (2, 6), 2028: (1, 26), 2029: (2, 13), 2030: (2, 3),
+}  # fmt: skip
+_DIWALI = {  # Lakshmi Puja, as India's list of public holidays has it
+    2020: (11, 14), 2021: (11, 4), 2022: (10, 24), 2023: (11, 12), 2024: (10, 31),
+    2025: (10, 20), 2026: (11, 8), 2027: (10, 29),
+}  # fmt: skip
+_HOLI = {
+    2020: (3, 10), 2021: (3, 29), 2022: (3, 18), 2023: (3, 8), 2024: (3, 25), 2025: (3, 14),
+    2026: (3, 4), 2027: (3, 22),
+}  # fmt: skip
+# (the lunisolar ones by year: a year outside their table names no day)
+_HOLIDAYS: dict[
+    str, tuple[int, int] | int | tuple[int, int, int] | dict[int, tuple[int, int]]
+] = {  # no apostrophes
     "easter sunday": 0,
     "easter monday": 1,
     "good friday": -2,
@@ -193,6 +222,31 @@ _HOLIDAYS: dict[str, tuple[int, int] | int | tuple[int, int, int]] = {  # no apo
     "halloween": (10, 31),
     "bonfire night": (11, 5),
     "guy fawkes night": (11, 5),
+    "juneteenth": (6, 19),
+    "waitangi day": (2, 6),
+    "heritage day": (9, 24),
+    "freedom day": (4, 27),
+    "st andrews day": (11, 30),
+    "st davids day": (3, 1),
+    "remembrance day": (11, 11),
+    "veterans day": (11, 11),
+    "bastille day": (7, 14),
+    "cinco de mayo": (5, 5),
+    "groundhog day": (2, 2),
+    "april fools day": (4, 1),
+    "fourth of july": (7, 4),
+    "summer solstice": (6, 21),
+    "winter solstice": (12, 21),
+    "mlk day": (1, 0, 3),
+    "martin luther king day": (1, 0, 3),
+    "presidents day": (2, 0, 3),
+    "early may bank holiday": (5, 0, 1),
+    "spring bank holiday": (5, 0, -1),
+    "lunar new year": _LUNAR_NEW_YEAR,
+    "chinese new year": _LUNAR_NEW_YEAR,
+    "diwali": _DIWALI,
+    "deepavali": _DIWALI,
+    "holi": _HOLI,
 }
 _HOLIDAY_NAMES = (
     "(?:"
@@ -223,6 +277,14 @@ _WEEKDAY_BY_HOLIDAY = re.compile(
     rf"(?P<name>{_HOLIDAY_NAMES}|new\s+year)\b",
     re.IGNORECASE,
 )
+# "the day before New Year's Eve", "two days before Christmas", "the day after Labor Day"
+_DAYS_BY_HOLIDAY = re.compile(
+    rf"\b(?P<n>the|a|{_COUNT[1:-1]})\s+days?\s+(?P<side>before|after)\s+(?:the\s+)?"
+    rf"(?P<name>{_HOLIDAY_NAMES})\b",
+    re.IGNORECASE,
+)
+# "12/23", "31/10": a day and a month in figures, read only where one of them cannot be a month
+_NUMERIC_DATE = re.compile(r"(?<![\d/.])(\d{1,2})/(\d{1,2})(?![\d/])")
 # "saw in the new year on Calton Hill": New Year's Eve
 _SEE_IN_NEW_YEAR = re.compile(
     r"\b(?:saw|see|seeing|seen|rang|ring|ringing|rung|welcomed?|welcoming)\s+in\s+the\s+new\s+year\b",
@@ -275,21 +337,26 @@ def resolve_date(text: str, when: datetime | None) -> date | None:
     if when is None:
         return None
     day = when.date()
+    text = _MONTH_STOP.sub(r"\1 ", text)  # "On Aug. 30": the stop is the abbreviation's
     text = month_names_masked(text)  # "Jan called yesterday": Jan is no January
     found = min(_expressions(text, when), default=None, key=lambda p: p[0])  # (position, day)
     if found is not None:
         return found[1]
     if holiday := _HOLIDAY.search(text):  # only when nothing else names the day
-        return _holiday(holiday.group(0), day, _tense(text, holiday.start()))
+        return _holiday(holiday.group(0), day, _tense(text, holiday.start())) or day
     return day
 
 
-def _holiday(name: str, day: date, tense: str) -> date:
+def _holiday(name: str, day: date, tense: str) -> date | None:
     """The day a holiday's ``name`` (as :data:`_HOLIDAY` matched it) names, in the year said,
-    the year before or after, by ``tense`` (as :func:`_day_of_month`)."""
+    the year before or after, by ``tense`` (as :func:`_day_of_month`); None for a lunisolar
+    one outside its table."""
     key = " ".join(re.sub(r"['’.]", "", name.lower()).split())
     when = _HOLIDAYS[re.sub(r"^saint ", "st ", key)]
     years = (day.year - 1, day.year, day.year + 1)
+    if isinstance(when, dict):
+        options = [date(year, *when[year]) for year in years if year in when]
+        return _by_tense(options, day, tense) if options else None
     if isinstance(when, int):
         options = [easter(year) + timedelta(days=when) for year in years]
     elif len(when) == 3:
@@ -329,9 +396,9 @@ def _of_month(match: re.Match[str], text: str, day: date) -> date | None:
 
     def of(year: int, month: int) -> date | None:
         end = _month_end(year, month)
-        if match.group("lastday"):
+        if match.group("lastday") or match.group("end"):
             return end
-        if match.group("first"):
+        if match.group("first") or match.group("start"):
             return date(year, month, 1)
         if match.group("middle"):
             return date(year, month, 15)
@@ -380,20 +447,34 @@ def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
             if re.fullmatch(r"new\s+year", name, re.IGNORECASE)
             else _holiday(name, day, tense)
         )
-        gap = (_target(match) - named.weekday()) % 7 or 7
-        yield (
-            match.start(),
-            named + timedelta(days=gap if match.group("side") == "after" else gap - 7),
-        )
+        if named is not None:
+            gap = (_target(match) - named.weekday()) % 7 or 7
+            yield (
+                match.start(),
+                named + timedelta(days=gap if match.group("side") == "after" else gap - 7),
+            )
     if match := _SEE_IN_NEW_YEAR.search(text):
-        yield match.start(), _holiday("new years eve", day, _tense(text, match.start()))
+        yield match.start(), _holiday("new years eve", day, _tense(text, match.start())) or day
     if match := _HOLIDAY_AT.search(text):  # "at Easter", "over Christmas", "on Boxing Day"
         which = (match.group("which") or "").lower()
         tense = {"last": "past", "next": "future"}.get(which) or _tense(text, match.start())
-        yield match.start(), _holiday(match.group("name"), day, tense)
+        if (held := _holiday(match.group("name"), day, tense)) is not None:
+            yield match.start(), held
     for pattern, shift in _SHIFTS:
         if match := pattern.search(text):
             yield match.start(), day + timedelta(days=shift)
+    if match := _WEEK_AGO_WEEKDAY.search(text):  # "a week ago Tuesday"
+        yield match.start(), _last_weekday(match, day + timedelta(days=2)) - timedelta(weeks=1)
+    if match := _MID_MONTH.search(text):  # "mid-April": the 15th, the nearest by tense
+        month = month_number(match.group("month"))
+        yield match.start(), _nearest_of_year(month, 15, day, _tense(text, match.start()))
+    if (match := _NUMERIC_DATE.search(text)) and (named := _numeric_date(match, text, day)):
+        yield match.start(), named
+    if match := _DAYS_BY_HOLIDAY.search(text):  # "two days before Christmas"
+        n = 1 if match.group("n").lower() in ("the", "a") else _count(match.group("n"))
+        name = match.group("name")
+        if (held := _holiday(name, day, _tense(text, match.start()))) is not None:
+            yield match.start(), held + timedelta(days=n if match.group("side") == "after" else -n)
     if match := _LAST_MONTH.search(text):
         yield match.start(), (day.replace(day=1) - timedelta(days=1)).replace(day=1)
     if match := _LAST_YEAR.search(text):
@@ -401,6 +482,10 @@ def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
     if match := _WEEKEND.search(text):
         monday = day - timedelta(days=day.weekday())
         which = match.group("which")
+        if match.group("gone"):  # "the weekend just gone"
+            which = "last"
+        elif match.group("at"):  # "at the weekend": by its tense, the coming one without
+            which = "last" if _tense(text, match.start()) == "past" else "this"
         yield match.start(), monday + timedelta(days=_WEEKEND_SATURDAY[which and which.lower()])
     if match := _DAY_OF_MONTH.search(text):
         dom = _day_of_month(int(match.group(1)), day, _tense(text, match.start()))
@@ -417,7 +502,7 @@ def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
     weekdays = text
     for match in _HOLIDAY.finditer(text):  # "for Easter Sunday": Easter's, no Sunday's
         if _HOLIDAY_WEEKDAY.search(match.group(0)):
-            yield match.start(), _holiday(match.group(0), day, _tense(text, match.start()))
+            yield match.start(), _holiday(match.group(0), day, _tense(text, match.start())) or day
             weekdays = (
                 weekdays[: match.start()] + " " * len(match.group(0)) + weekdays[match.end() :]
             )
@@ -473,18 +558,28 @@ def _tense(text: str, at: int) -> str:
     """``"future"``, ``"past"`` or ``""`` (neither): of the clause holding ``at`` ("first
     meetup was wednesday, we're reading Americanah" told of the past), else of its sentence;
     a clause whose subject has a verb of no past is present, whatever its sentence says
-    ("Found a flat ..., and I get the keys on 8 March": the keys are to come)."""
+    ("Found a flat ..., and I get the keys on 8 March": the keys are to come). A participle
+    after "is", "gets" or "I'm" is no past ("my sister gets married on 12 March")."""
     clause = _part_at(text, at, _CLAUSE)
     for part in (clause, _part_at(text, at, _SENTENCE)):
         if _FUTURE.search(part):
             return "future"
-        if _PAST_TENSE.search(part):
+        if any(not _NO_PAST_BEFORE.search(part, 0, m.start()) for m in _PAST_TENSE.finditer(part)):
             return "past"
         if _WEAK_FUTURE.search(part):
             return "future"
         if part is clause and (_OWN_VERB.search(part) or _PRESENT_COPULA.search(part)):
             return ""
     return ""
+
+
+# (measured and left: the tense marker nearest the day instead of the first kind found, and a
+# present verb read as the future: 8 and 20 fewer right of 683 labelled turns)
+_NO_PAST_BEFORE = re.compile(
+    r"\b(?:is|are|am|be|been|being|get|gets|getting|i'm|i’m|we're|we’re|they're|they’re"
+    r"|you're|you’re)\s+$",
+    re.IGNORECASE,
+)
 
 
 def _is_weekday(match: re.Match[str]) -> bool:
@@ -574,6 +669,22 @@ def _weekday_dom(match: re.Match[str], day: date, tense: str) -> date | None:
         ):
             options.append(date(year, month + 1, dom))
     return _by_tense(options, day, tense) if options else _day_of_month(dom, day, tense)
+
+
+def _numeric_date(match: re.Match[str], text: str, day: date) -> date | None:
+    """The day a :data:`_NUMERIC_DATE` names when it can be read one way only (a part over
+    12 is the day), the nearest by tense (as :func:`_nearest_of_year`); else None."""
+    a, b = int(match.group(1)), int(match.group(2))
+    if a > 12 and 1 <= b <= 12:
+        dom, month = a, b
+    elif b > 12 and 1 <= a <= 12:
+        month, dom = a, b
+    else:
+        return None
+    try:
+        return _nearest_of_year(month, dom, day, _tense(text, match.start()))
+    except ValueError:  # "31/4"
+        return None
 
 
 def _nearest_of_year(month: int, dom: int, day: date, tense: str) -> date:

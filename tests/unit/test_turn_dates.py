@@ -192,6 +192,33 @@ SUN = datetime(2024, 1, 14, 9, 0)  # a Sunday
         ("She went on leave at the end of January.", datetime(2026, 2, 5), date(2026, 1, 31)),
         ("We move out at the end of the month.", datetime(2026, 2, 5), date(2026, 2, 28)),
         ("The audit is in the middle of March.", datetime(2026, 2, 5), date(2026, 3, 15)),
+        # of 150 more written for dates alone (a second helper; 98 right before, 132 after),
+        # re-worded: holidays of more countries and the lunisolar ones by table, days from a
+        # holiday, figures that can be read one way only, "back" for "ago", "a week ago
+        # Tuesday", "the weekend just gone", "at the weekend", "mid-", "end of", "a week
+        # tomorrow", "Aug." and a participle that is no past
+        ("Is the bank open on Juneteenth?", datetime(2026, 6, 10), date(2026, 6, 19)),
+        ("For Lunar New Year we're off to my aunt's in Ipoh.", datetime(2026, 2, 1),
+         date(2026, 2, 17)),
+        ("We lit the diyas for Diwali and the street was glowing.", datetime(2025, 10, 25),
+         date(2025, 10, 20)),
+        ("The day after Labor Day the kids go back.", datetime(2025, 8, 20), date(2025, 9, 2)),
+        ("Two days before Christmas my in-laws arrive.", datetime(2025, 12, 1),
+         date(2025, 12, 23)),
+        ("my flight is 12/23 out of Newark", datetime(2025, 12, 1), date(2025, 12, 23)),
+        ("The MOT runs out on 31/10.", datetime(2025, 10, 2), date(2025, 10, 31)),
+        ("twisted my ankle ten days back, still sore", datetime(2025, 3, 20), date(2025, 3, 10)),
+        ("a week ago tuesday the boiler started banging", datetime(2025, 1, 16),
+         date(2025, 1, 7)),
+        ("The weekend just gone we cleared the loft.", datetime(2024, 10, 21),
+         date(2024, 10, 19)),
+        ("At the weekend I'm doing a car boot sale.", datetime(2024, 5, 15), date(2024, 5, 18)),
+        ("Mid-April we're taking the kids to Ooty.", datetime(2026, 2, 2), date(2026, 4, 15)),
+        ("end of feb i'm meant to be back at uni", datetime(2024, 2, 13), date(2024, 2, 29)),
+        ("My interview's a week tomorrow.", datetime(2025, 4, 2), date(2025, 4, 10)),
+        ("On Aug. 30 we're throwing Lola's party.", datetime(2025, 8, 14), date(2025, 8, 30)),
+        ("My brother gets married on 12 March, I've got nothing to wear.",
+         datetime(2025, 2, 20), date(2025, 3, 12)),
     ],
 )  # fmt: skip
 def test_a_turns_day(text, said, expected):
@@ -222,6 +249,8 @@ def test_the_first_expression_said_is_the_one_told_of():
         "Our flat is on the 3rd floor, no lift.",  # ordinals of other things
         "Failed the theory test for the 2nd time, gutted.",
         "Happy new year! Hope yours was good.",  # a greeting names no day
+        "my nan June is turning 90 and loves her garden",  # a name after a relation
+        "Holiday photos are finally sorted.",  # "holi" is no Holi
     ],
 )
 def test_words_that_are_not_days_keep_the_day_said(text):
