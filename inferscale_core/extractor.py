@@ -39,7 +39,8 @@ _INTERJECTION = (
     r"|fyi|anyway)\b"
 )
 _DISCOURSE = (
-    r"(?:(?:so|well|actually|like|yes|no|thanks|thank you|sorry|(?:good\s+)?(?:morning|evening"
+    r"(?:(?:so|well|actually|like|yes|no|thanks|thank you|sorry|(?:quick\s+|small\s+)?update"
+    r"|(?:good\s+)?(?:morning|evening"
     r"|afternoon|night))(?=\s*[,.!:;-])"
     r"|(?:so|well|actually)(?=\s+(?:I|we)\b))"
 )
@@ -103,7 +104,12 @@ _CONDITION = re.compile(r"^(?:if|hypothetically|suppose|supposing|say)\b", re.IG
 # order of a statement (I, we or my first, then no "should", "could", ...), tells
 _EXCITED_NEWS = re.compile(
     r"^(?:i|i'm|i've|we|we're|we've|my|our)\b(?!\s+(?:should|could|would|can|might|shall)\b)"
-    r".*(?:\?\?|\?!|!\?)$",
+    r".*(?:\?\?|\?!|!\?)$"
+    # or a past verb first, the subject left out: "sat the exam last Wednesday and I reckon I
+    # passed??"
+    r"|^(?!(?:did|was|were|had)\b)[a-z]+ed\b.*\b(?:i|i'm|we|my|our)\b.*(?:\?\?|\?!|!\?)$"
+    r"|^(?:sat|got|went|had|met|saw|won|lost|bought|sold|made|took|found|left|ran)\b(?!\s+(?:i|you|we)\b)"
+    r".*\b(?:i|i'm|we|my|our)\b.*(?:\?\?|\?!|!\?)$",
     re.IGNORECASE,
 )
 # news told as a question: "did I tell you my mum's moving in?", "guess who got the job?? me!!",

@@ -125,7 +125,9 @@ _WEEKDAY_DOM = re.compile(
 # "monday last week", "on the Tuesday of the week before last": that weekday of that week
 _WEEKDAY_OF_WEEK = re.compile(
     r"\b(?:on\s+)?(?:the\s+)?(?P<day>mon|tues|wednes|thurs|fri|satur|sun)day\s+(?:of\s+)?"
-    r"(?:(?P<before>the\s+week\s+before\s+last)|last\s+week)\b",
+    r"(?:(?P<before>the\s+week\s+before\s+last)|last\s+week)\b"
+    # "next week Monday" (Indian English): that weekday of next week
+    r"|\b(?P<next>next)\s+week\s+(?:on\s+)?(?P<day2>mon|tues|wednes|thurs|fri|satur|sun)day\b",
     re.IGNORECASE,
 )
 # A weekday that recurs ("thursday nights in the church hall", "every Friday") names no day;
@@ -162,6 +164,12 @@ _OF_MONTH = re.compile(
     rf"|(?P<month>{_MONTHS})(?:,?\s+(?P<year>(?:19|20)\d\d))?)",
     re.IGNORECASE,
 )
+# "on 27th last month", "the 3rd next month"
+_DAY_OF_REL_MONTH = re.compile(
+    r"\b(?:(?:on|by|from|till|until)\s+)?(?:the\s+)?(?P<dom>\d{1,2})(?:st|nd|rd|th)"
+    r"\s+(?P<rel>last|next|this)\s+month\b",
+    re.IGNORECASE,
+)
 _MID_MONTH = re.compile(rf"\bmid[-\s]?(?P<month>{_MONTHS})", re.IGNORECASE)  # "mid-April": the 15th
 _WEEKEND = re.compile(
     r"\b(?:(?P<which>last|this|next)\s+weekend|the\s+weekend\s+before\s+last"
@@ -183,6 +191,15 @@ _DIWALI = {  # Lakshmi Puja, as India's list of public holidays has it
     2020: (11, 14), 2021: (11, 4), 2022: (10, 24), 2023: (11, 12), 2024: (10, 31),
     2025: (10, 20), 2026: (11, 8), 2027: (10, 29),
 }  # fmt: skip
+_DUSSEHRA = {
+    2020: (10, 25), 2021: (10, 15), 2022: (10, 5), 2023: (10, 24), 2024: (10, 12),
+    2025: (10, 2), 2026: (10, 20),
+}  # fmt: skip
+_GANESH_CHATURTHI = {
+    2022: (8, 31), 2023: (9, 19), 2024: (9, 7), 2025: (8, 27), 2026: (9, 14),
+}  # fmt: skip
+_GUDI_PADWA = {2023: (3, 22), 2024: (4, 9), 2025: (3, 30), 2026: (3, 19)}
+_RAKSHA_BANDHAN = {2023: (8, 30), 2024: (8, 19), 2025: (8, 9), 2026: (8, 28)}
 _HOLI = {
     2020: (3, 10), 2021: (3, 29), 2022: (3, 18), 2023: (3, 8), 2024: (3, 25), 2025: (3, 14),
     2026: (3, 4), 2027: (3, 22),
@@ -247,11 +264,23 @@ _HOLIDAYS: dict[
     "diwali": _DIWALI,
     "deepavali": _DIWALI,
     "holi": _HOLI,
+    "dussehra": _DUSSEHRA,
+    "dasara": _DUSSEHRA,
+    "vijayadashami": _DUSSEHRA,
+    "ganesh chaturthi": _GANESH_CHATURTHI,
+    "gudi padwa": _GUDI_PADWA,
+    "raksha bandhan": _RAKSHA_BANDHAN,
+    "rakhi": _RAKSHA_BANDHAN,
+    "republic day": (1, 26),
+    "melbourne cup day": (11, 1, 1),
+    "melbourne cup": (11, 1, 1),
+    "cup day": (11, 1, 1),
+    "valentines": (2, 14),
 }
 _HOLIDAY_NAMES = (
     "(?:"
     + "|".join(
-        h.replace("s ", "['’]?s ").replace("st ", r"(?:st\.?|saint)\s+")
+        re.sub(r"s( |$)", r"['’]?s\1", h).replace("st ", r"(?:st\.?|saint)\s+")
         for h in sorted(_HOLIDAYS, key=len, reverse=True)
     )
     + ")"
@@ -460,11 +489,22 @@ def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
         tense = {"last": "past", "next": "future"}.get(which) or _tense(text, match.start())
         if (held := _holiday(match.group("name"), day, tense)) is not None:
             yield match.start(), held
+    # before "next week" and "last week" alone, which start where it does
+    if match := _WEEKDAY_OF_WEEK.search(text):
+        weeks = 1 if match.group("next") else -2 if match.group("before") else -1
+        monday = day - timedelta(days=day.weekday()) + timedelta(weeks=weeks)
+        name = (match.group("day") or match.group("day2")).lower()
+        yield match.start(), monday + timedelta(days=_weekday_index(name))
     for pattern, shift in _SHIFTS:
         if match := pattern.search(text):
             yield match.start(), day + timedelta(days=shift)
     if match := _WEEK_AGO_WEEKDAY.search(text):  # "a week ago Tuesday"
         yield match.start(), _last_weekday(match, day + timedelta(days=2)) - timedelta(weeks=1)
+    if match := _DAY_OF_REL_MONTH.search(text):
+        shift = {"last": -1, "this": 0, "next": 1}[match.group("rel").lower()]
+        year, month = divmod(day.year * 12 + day.month - 1 + shift, 12)
+        if int(match.group("dom")) <= _month_end(year, month + 1).day:
+            yield match.start(), date(year, month + 1, int(match.group("dom")))
     if match := _MID_MONTH.search(text):  # "mid-April": the 15th, the nearest by tense
         month = month_number(match.group("month"))
         yield match.start(), _nearest_of_year(month, 15, day, _tense(text, match.start()))
@@ -496,9 +536,6 @@ def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
     weekday_dom = _WEEKDAY_DOM.search(text)  # before the weekday alone, at the same place
     if weekday_dom and (named := _weekday_dom(weekday_dom, day, _tense(text, weekday_dom.start()))):
         yield weekday_dom.start(), named
-    if match := _WEEKDAY_OF_WEEK.search(text):
-        monday = day - timedelta(days=day.weekday() + (14 if match.group("before") else 7))
-        yield match.start(), monday + timedelta(days=_target(match))
     weekdays = text
     for match in _HOLIDAY.finditer(text):  # "for Easter Sunday": Easter's, no Sunday's
         if _HOLIDAY_WEEKDAY.search(match.group(0)):
@@ -598,7 +635,11 @@ def _recurs(text: str, match: re.Match[str]) -> bool:
 
 def _target(match: re.Match[str]) -> int:
     """The weekday ``match`` names (Monday 0)."""
-    name = match.group("day").lower()
+    return _weekday_index(match.group("day").lower())
+
+
+def _weekday_index(name: str) -> int:
+    """Monday 0 for "mon", "monday", ..."""
     return next(i for i, w in enumerate(_WEEKDAYS) if name.startswith(w[:3]))
 
 
@@ -633,6 +674,8 @@ def _weekday(match: re.Match[str], day: date, tense: str) -> date:
         return after
     if tense == "past":
         return before
+    if (day - before).days == 1:  # "Monday is Republic Day", said on a Tuesday: the next one
+        return after
     return after if after - day <= day - before else before
 
 

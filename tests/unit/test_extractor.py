@@ -269,6 +269,8 @@ def test_numbers_and_words_that_are_not_dates_keep_the_turns_day(text):
         # "kindly" and "pls", reactions to the chat, an emoji ending a sentence
         ("is it going to snow all weekend or what", []),
         ("can u help write a short thank you email to her", []),
+        ("update: sat the exam last Friday and I reckon I passed??",
+         ["Sat the exam last Friday and I reckon I passed??"]),
         ("If I sold the car, would the bus really be cheaper?", []),
         ("Kindly recommend a dentist near Koramangala, we are moving to Bangalore in June.",
          ["We are moving to Bangalore in June."]),

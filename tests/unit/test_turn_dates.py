@@ -219,6 +219,16 @@ SUN = datetime(2024, 1, 14, 9, 0)  # a Sunday
         ("On Aug. 30 we're throwing Lola's party.", datetime(2025, 8, 14), date(2025, 8, 30)),
         ("My brother gets married on 12 March, I've got nothing to wear.",
          datetime(2025, 2, 20), date(2025, 3, 12)),
+        # of two more life sets (dev14, dev15), re-worded: Indian and Australian days
+        ("We booked the flat on Dussehra!", datetime(2024, 10, 16), date(2024, 10, 12)),
+        ("Delivery is on Gudi Padwa.", datetime(2025, 3, 18), date(2025, 3, 30)),
+        ("Her exams start next week Monday.", datetime(2024, 12, 3), date(2024, 12, 9)),
+        ("Ganpati was on 27th last month, we kept him five days.", datetime(2025, 9, 14),
+         date(2025, 8, 27)),
+        ("Monday is Republic Day, flag hoisting at 8.", datetime(2026, 1, 20), date(2026, 1, 26)),
+        ("Melbourne Cup day I went to a BBQ in Yarraville.", datetime(2024, 11, 7),
+         date(2024, 11, 5)),
+        ("Valentine's was lovely, he cooked.", datetime(2026, 2, 15), date(2026, 2, 14)),
     ],
 )  # fmt: skip
 def test_a_turns_day(text, said, expected):
