@@ -103,6 +103,23 @@ _WORD = re.compile(r"[^\W_]+")  # letters and digits: a name matches word for wo
 _SELF = frozenset({"i"})  # "I" ("I'm" too: _WORD splits it)
 
 
+_TIME_WORDS = re.compile(
+    r"\b(?:19|20)\d\d\b|\b(?:january|february|march|april|may|june|july|august|september"
+    r"|october|november|december)\b",
+    re.IGNORECASE,
+)
+
+
+def keyword_weight(question: str) -> float:
+    """BM25's weight in the fusion: :data:`KEYWORD_WEIGHT` for a question naming a name or a
+    number (BM25 finds them), else :data:`KEYWORD_WEIGHT_PLAIN` (its words are
+    paraphrase-prone: "How much do I earn?" vs "My new salary is 4,100"). A year or a month is
+    no such name: "Who was my boss in spring 2024?" is answered by a fact naming neither, and
+    the interval step reads the time (on fifteen life sets past R@5 34 -> 36 of 50)."""
+    named = particulars(_TIME_WORDS.sub(" ", question))
+    return KEYWORD_WEIGHT if named else KEYWORD_WEIGHT_PLAIN
+
+
 def particulars(text: str) -> frozenset[str]:
     """What tells one statement from a near-identical one: its numbers and its capitalized
     words that do not start a sentence ("I" aside), casefolded."""
@@ -386,9 +403,7 @@ class Retriever:
         facet, steered = self._last_facet or (None, [])  # steered: [(fact id, cosine)]
         dense = _without(dense, skip, n)
         steered = _without(steered, skip, n)
-        # BM25 finds the names and numbers a question says; without any, its words are
-        # paraphrase-prone ("How much do I earn?" vs "My new salary is 4,100")
-        weight = KEYWORD_WEIGHT if particulars(question) else KEYWORD_WEIGHT_PLAIN
+        weight = keyword_weight(question)
         top = (1 + weight) / (RRF_K + 1)  # the score of a fact first in every list
         if person is not None:
             top += PEOPLE_WEIGHT / (RRF_K + 1)

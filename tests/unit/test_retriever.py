@@ -15,7 +15,14 @@ import torch
 from inferscale_core.embedder import Embedder, SentenceTransformerEmbedder
 from inferscale_core.facets import FACETS
 from inferscale_core.factlog import FactLog
-from inferscale_core.retriever import Retriever, particulars, same_particulars
+from inferscale_core.retriever import (
+    KEYWORD_WEIGHT,
+    KEYWORD_WEIGHT_PLAIN,
+    Retriever,
+    keyword_weight,
+    particulars,
+    same_particulars,
+)
 from tests.support.counting_embedder import CountingEmbedder
 
 FACTS = {
@@ -261,3 +268,10 @@ def test_particulars_tell_near_identical_statements_apart():
     assert not same_particulars("My neighbour Ana keeps goats", "My neighbour Bea keeps goats")
     assert not same_particulars("The rent is 900 a month", "The rent is 950 a month")
     assert same_particulars("i ran a half marathon in porto!", "I ran a half marathon in Porto")
+
+
+def test_a_year_or_a_month_is_no_name_for_bm25():
+    assert keyword_weight("Where does Ana live now?") == KEYWORD_WEIGHT
+    assert keyword_weight("What did I pay in 2024, 300 a month?") == KEYWORD_WEIGHT  # a number
+    assert keyword_weight("Who was my boss in spring 2024?") == KEYWORD_WEIGHT_PLAIN
+    assert keyword_weight("What happened in March?") == KEYWORD_WEIGHT_PLAIN
