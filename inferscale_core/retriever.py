@@ -103,20 +103,19 @@ _WORD = re.compile(r"[^\W_]+")  # letters and digits: a name matches word for wo
 _SELF = frozenset({"i"})  # "I" ("I'm" too: _WORD splits it)
 
 
-_TIME_WORDS = re.compile(
-    r"\b(?:19|20)\d\d\b|\b(?:january|february|march|april|may|june|july|august|september"
-    r"|october|november|december)\b",
-    re.IGNORECASE,
-)
+_YEAR = re.compile(r"\b(?:19|20)\d\d\b")
 
 
 def keyword_weight(question: str) -> float:
     """BM25's weight in the fusion: :data:`KEYWORD_WEIGHT` for a question naming a name or a
     number (BM25 finds them), else :data:`KEYWORD_WEIGHT_PLAIN` (its words are
-    paraphrase-prone: "How much do I earn?" vs "My new salary is 4,100"). A year or a month is
-    no such name: "Who was my boss in spring 2024?" is answered by a fact naming neither, and
-    the interval step reads the time (on fifteen life sets past R@5 34 -> 36 of 50)."""
-    named = particulars(_TIME_WORDS.sub(" ", question))
+    paraphrase-prone: "How much do I earn?" vs "My new salary is 4,100"). A year is no such
+    name: "Who was my boss in spring 2024?" is answered by a fact that names none, and the
+    interval step reads the time (on fifteen life sets past R@5 34 -> 36 of 50). A month's name
+    stays one: "What happened in September 2024?" finds the facts that say "September" (with
+    months taken out too, life's month questions kept 0.84 of their top 10 in the month, not
+    0.96)."""
+    named = particulars(_YEAR.sub(" ", question))
     return KEYWORD_WEIGHT if named else KEYWORD_WEIGHT_PLAIN
 
 
