@@ -70,6 +70,8 @@ _SHIFTS = (
     (re.compile(r"\bnext\s+week\b", re.I), 7),
 )
 _DAY_NAME = r"(?P<day>mon|tues?|wed(?:nes)?|thur?s?|fri|sat(?:ur)?|sun)(?:day)?"
+_FULL_DAY = r"(?:mon|tues|wednes|thurs|fri|satur|sun)day"  # a weekday's full name
+_FULL_DAY_AS = r"(?P<{}>mon|tues|wednes|thurs|fri|satur|sun)day"  # ... its stem named
 # "last week" and, later in its sentence or the next, a weekday alone ("on Wednesday"): the
 # weekday's match (its groups as _WEEKDAY's), found from "last week" on
 _LAST_WEEK_ON = re.compile(
@@ -78,7 +80,7 @@ _LAST_WEEK_ON = re.compile(
     re.IGNORECASE,
 )
 _WEEK_AGO_WEEKDAY = re.compile(
-    r"\ba\s+week\s+ago\s+(?:last\s+)?(?P<day>mon|tues|wednes|thurs|fri|satur|sun)day\b", re.I
+    rf"\ba\s+week\s+ago\s+(?:last\s+)?{_FULL_DAY_AS.format('day')}\b", re.I
 )
 _LAST_MONTH = re.compile(r"\blast\s+month\b", re.I)
 _LAST_YEAR = re.compile(r"\blast\s+year\b", re.I)
@@ -124,10 +126,10 @@ _WEEKDAY_DOM = re.compile(
 )
 # "monday last week", "on the Tuesday of the week before last": that weekday of that week
 _WEEKDAY_OF_WEEK = re.compile(
-    r"\b(?:on\s+)?(?:the\s+)?(?P<day>mon|tues|wednes|thurs|fri|satur|sun)day\s+(?:of\s+)?"
+    rf"\b(?:on\s+)?(?:the\s+)?{_FULL_DAY_AS.format('day')}\s+(?:of\s+)?"
     r"(?:(?P<before>the\s+week\s+before\s+last)|last\s+week)\b"
     # "next week Monday" (Indian English): that weekday of next week
-    r"|\b(?P<next>next)\s+week\s+(?:on\s+)?(?P<day2>mon|tues|wednes|thurs|fri|satur|sun)day\b",
+    rf"|\b(?P<next>next)\s+week\s+(?:on\s+)?{_FULL_DAY_AS.format('day2')}\b",
     re.IGNORECASE,
 )
 # A weekday that recurs ("thursday nights in the church hall", "every Friday") names no day;
@@ -157,9 +159,8 @@ _ORDINALS = {"first": 1, "second": 2, "third": 3, "fourth": 4, "fifth": 5, "last
 _OF_MONTH = re.compile(
     r"\b(?:the\s+(?:(?P<dom>\d{1,2})(?:st|nd|rd|th)|(?P<first>first)|(?P<lastday>last\s+day))"
     r"|(?:the\s+)?(?:(?P<start>start|beginning)|(?P<end>end)|(?P<middle>middle))"
-    r"|the\s+(?:"
-    r"|(?P<nth>first|second|third|fourth|fifth|last|[1-5](?:st|nd|rd|th))\s+"
-    r"(?P<day>mon|tues|wednes|thurs|fri|satur|sun)day))"
+    r"|the\s+(?P<nth>first|second|third|fourth|fifth|last|[1-5](?:st|nd|rd|th))\s+"
+    rf"{_FULL_DAY_AS.format('day')})"
     r"\s+(?:of|in)\s+(?:(?P<rel>this|next|last|the)\s+month"
     rf"|(?P<month>{_MONTHS})(?:,?\s+(?P<year>(?:19|20)\d\d))?)",
     re.IGNORECASE,
@@ -287,7 +288,7 @@ _HOLIDAY_NAMES = (
 )
 # a holiday whose name holds a weekday ("Easter Sunday", "Good Friday") names its day wherever
 # it is said, and its weekday is no weekday of its own
-_HOLIDAY_WEEKDAY = re.compile(r"(?:mon|tues|wednes|thurs|fri|satur|sun)day$", re.IGNORECASE)
+_HOLIDAY_WEEKDAY = re.compile(rf"{_FULL_DAY}$", re.IGNORECASE)
 _HOLIDAY = re.compile(rf"\b{_HOLIDAY_NAMES}\b", re.IGNORECASE)
 # a holiday said as a time ("at Easter", "over Christmas", "last Halloween") is a time
 # expression like any other; named alone ("the Christmas party") or as a purpose or bound
