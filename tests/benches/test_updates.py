@@ -144,6 +144,20 @@ def test_a_broken_set_is_refused_naming_the_item(tmp_path, what, breaks, message
         life_set.load(write(tmp_path, data))
 
 
+@pytest.mark.parametrize(
+    "path", sorted(life_set.DEFAULT.parent.glob("life*.json")), ids=lambda path: path.stem
+)
+def test_every_shipped_life_set_loads_whole(path):
+    """The read and blind sets docs/BENCHMARKS.md reports pass the loader's checks as shipped."""
+    life = life_set.load(path)
+    assert life.name == path.stem and life.path == path
+    asked = {q.category for q in life.questions}
+    assert "update" in asked and asked <= set(life_set.CATEGORIES)
+    for q in life.questions:
+        if q.category == "update":
+            assert q.evidence and q.superseded, q.id
+
+
 def test_a_broken_copy_of_the_real_set_is_refused(tmp_path):
     data = json.loads(life_set.DEFAULT.read_text())
     bad = copy.deepcopy(data)
