@@ -113,9 +113,11 @@ _EXCITED_NEWS = re.compile(
     re.IGNORECASE,
 )
 # news told as a question: "did I tell you my mum's moving in?", "guess who got the job?? me!!",
-# "can you believe I've been here ten years?": it tells
+# "can you believe I've been here ten years?", "did you know my aunt keeps the tent in the
+# shed now" (not "did you know honey never spoils?": nothing of the teller's): it tells
 _NEWS_ASKED = re.compile(
     r"^(?:did\s+i\s+(?:tell|mention)|guess\s+(?:what|who)|can\s+you\s+believe(?!\s+(?:it|that|this)\b)"
+    r"|did\s+(?:you|u|ya)\s+know(?=.*\b(?:i|i'm|i've|we|we're|my|our)\b)"
     r"|you'?ll\s+never\s+(?:believe|guess))\b",
     re.IGNORECASE,
 )

@@ -262,6 +262,9 @@ def test_numbers_and_words_that_are_not_dates_keep_the_turns_day(text):
         ("Did I tell you my sister's moving to Perth in March?",
          ["Did I tell you my sister's moving to Perth in March?"]),
         ("guess who passed her driving test?? me!!", ["Guess who passed her driving test?? Me!!"]),
+        ("Did you know my aunt Ivo keeps the yellow tent in the garden shed now.",
+         ["Did you know my aunt Ivo keeps the yellow tent in the garden shed now."]),
+        ("did you know honey never goes off?", []),
         ("Added a shelf in the hall and it's level for once.",
          ["Added a shelf in the hall and it's level for once."]),
         # the misses of 150 more (a second helper, the same brief): 127 right before, 143
