@@ -119,6 +119,23 @@ def keyword_weight(question: str) -> float:
     return KEYWORD_WEIGHT if named else KEYWORD_WEIGHT_PLAIN
 
 
+def held_above_successors(ranked: list[tuple[Fact, float]], end: date) -> list[tuple[Fact, float]]:
+    """``ranked`` (best first) with each closed fact that still held on ``end`` (the day after
+    an interval a question asks about: its ``valid_until`` on or after it) just above the fact
+    that replaced it (``ended_by``) when that ranked higher: the successor began when it
+    ended, after the interval. "Where did I live in 2025?" gets Lisbon, closed this year by
+    "We moved to Porto", though Porto shares more of the question's words."""
+    out = list(ranked)
+    for fact, score in ranked:
+        if fact.ended_by is None or fact.valid_until is None or fact.valid_until < end:
+            continue
+        ids = [f.id for f, _ in out]
+        if fact.ended_by in ids and ids.index(fact.ended_by) < ids.index(fact.id):
+            out.pop(ids.index(fact.id))
+            out.insert(ids.index(fact.ended_by), (fact, score))
+    return out
+
+
 def particulars(text: str) -> frozenset[str]:
     """What tells one statement from a near-identical one: its numbers and its capitalized
     words that do not start a sentence ("I" aside), casefolded."""
@@ -511,12 +528,16 @@ class Retriever:
     ) -> list[Hit]:
         """``hits`` (best first) reordered for time: the interval's facts first, then, unless
         the question looks at the past, each closed fact's open successor in its place and
-        the closed facts after the open ones; cut to ``k``, ranks renumbered 1..k."""
+        the closed facts after the open ones; when it does, a closed fact that still held
+        when the interval ended goes above the fact that replaced it
+        (:func:`held_above_successors`); cut to ``k``, ranks renumbered 1..k."""
         ranked = [(h.fact, h.score) for h in hits]
         if interval is not None:
             ranked = self._interval_first(profile_id, question, ranked, k, interval, skip)
         if not asks_about_past(question, today):
             ranked = self._current_first(profile_id, ranked, skip)
+        elif interval is not None:
+            ranked = held_above_successors(ranked, interval[1])
         if [f.id for f, _ in ranked[:k]] == [h.fact.id for h in hits]:
             return hits  # (then len(hits) <= k)
         return [Hit(f, score, rank) for rank, (f, score) in enumerate(ranked[:k], start=1)]

@@ -7,7 +7,7 @@ the three injection orders.
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import UTC, date, datetime
 
 import pytest
 import torch
@@ -19,10 +19,12 @@ from inferscale_core.retriever import (
     KEYWORD_WEIGHT,
     KEYWORD_WEIGHT_PLAIN,
     Retriever,
+    held_above_successors,
     keyword_weight,
     particulars,
     same_particulars,
 )
+from inferscale_core.types import Fact
 from tests.support.counting_embedder import CountingEmbedder
 
 FACTS = {
@@ -275,3 +277,29 @@ def test_a_year_is_no_name_for_bm25():
     assert keyword_weight("What did I pay in 2024, 300 a month?") == KEYWORD_WEIGHT  # a number
     assert keyword_weight("Who was my boss in spring 2024?") == KEYWORD_WEIGHT_PLAIN
     assert keyword_weight("What happened in March 2025?") == KEYWORD_WEIGHT  # a month is one
+
+
+def _fact(fid: int, text: str, until: date | None = None, by: int | None = None) -> Fact:
+    told = datetime(2026, 12, 7, 9, fid, tzinfo=UTC)
+    return Fact(fid, 1, text, None, [fid], "active", None, told, until, by)
+
+
+def test_a_past_interval_gets_the_state_that_held_then_above_what_replaced_it():
+    lisbon = _fact(1, "I live in Lisbon with my partner.", date(2026, 12, 7), by=2)
+    porto = _fact(2, "We moved to Porto with the kids.")
+    other = _fact(3, "I like the sea.")
+    ranked = [(porto, 0.95), (other, 0.93), (lisbon, 0.90)]
+    # 2025 ended before Lisbon did: Porto began after it
+    moved = held_above_successors(ranked, date(2026, 1, 1))
+    assert [f.id for f, _ in moved] == [1, 2, 3] and moved[0] == (lisbon, 0.90)
+    # an interval that ends after the move: Porto may have held in it, the order stays
+    assert held_above_successors(ranked, date(2027, 1, 1)) == ranked
+    # already above its successor, or its successor not among the hits: unchanged
+    assert held_above_successors([(lisbon, 0.9), (porto, 0.8)], date(2026, 1, 1)) == [
+        (lisbon, 0.9),
+        (porto, 0.8),
+    ]
+    assert held_above_successors([(other, 0.9), (lisbon, 0.8)], date(2026, 1, 1)) == [
+        (other, 0.9),
+        (lisbon, 0.8),
+    ]
