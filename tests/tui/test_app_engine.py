@@ -180,14 +180,16 @@ async def test_chat_streams_a_reply_with_its_memory_and_compares_modes(
             assert second.reply is not None and second.reply.mode == "prompt"
             assert second.reply.result.injected_tokens == 0
             assert set(panel.last) == {"inject", "prompt"}
-            # the panel draws on its next refresh: on a busy machine after the check above
+            # the panel draws on its next refresh: on a busy machine after the check above.
+            # "last reply per mode" is there since the first reply (one column); the second
+            # mode's column is what this waits for
             await _until(
                 pilot,
-                lambda: "last reply per mode" in _screen_text(app, tmp_path / "compare.svg"),
+                lambda: "inject    prompt" in _screen_text(app, tmp_path / "compare.svg"),
                 timeout=30,
-                what="the panel's comparison",
+                what="the panel's comparison of both modes",
             )
-            assert "inject    prompt" in _screen_text(app, tmp_path / "compare.svg")
+            assert "last reply per mode" in _screen_text(app, tmp_path / "compare.svg")
             reply.focus()  # selecting an earlier reply shows its memory again
             await _until(pilot, lambda: panel.shown is reply.reply, what="the first reply")
             docs = os.environ.get("INFERSCALE_DOCS_SCREENSHOT")  # how docs/ got its picture
