@@ -19,6 +19,8 @@ import functools
 import re
 from datetime import date, timedelta
 
+from inferscale_core.retriever_people import KIN_WORDS
+
 Interval = tuple[date, date]  # [start, end): the end day is not in it
 
 _MONTH_NUMBERS = {
@@ -110,10 +112,7 @@ _MONTH_CUE_AFTER = re.compile(r"\s*(?:\d|of\b|,\s*(?:19|20)\d\d)", re.IGNORECASE
 _CAPITALIZED_WORD = re.compile(r"\s+[A-Z][a-z]")
 # "my nan June", "Auntie May", "cousin April": a person the speaker names by relation
 _RELATION_BEFORE = re.compile(
-    r"\b(?:nan|nana|nanna|gran|granny|grandma|grandad|grandpa|aunt|auntie|aunty|uncle|cousin"
-    r"|sister|brother|mum|mom|mam|mother|dad|father|daughter|son|niece|nephew|wife|husband"
-    r"|partner|friend|boss|colleague|neighbou?r|girlfriend|boyfriend|fianc[ée]e?)\s+$",
-    re.IGNORECASE,
+    rf"\b(?:{KIN_WORDS}|nan|nana|nanna|gran|granny|grandad|auntie|aunty|mam)\s+$", re.IGNORECASE
 )
 
 
