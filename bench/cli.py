@@ -386,6 +386,14 @@ def _run_recall(args: argparse.Namespace, console: Console) -> int:
         args.parser.error(
             "--latency-facts and --latency-idle-ms need numbers >= 0, --latency-queries >= 1"
         )
+    if args.latency_vs is not None:
+        if not (args.latency_vs / "inferscale_core" / "retriever.py").is_file():
+            args.parser.error(
+                f"--latency-vs needs another checkout's root (e.g. `git worktree add"
+                f" ../base <commit>`); {args.latency_vs} has no inferscale_core/retriever.py"
+            )
+        if args.latency_blocks < 2 or args.latency_queries <= 10:
+            args.parser.error("--latency-vs needs --latency-blocks >= 2, --latency-queries > 10")
     data = _data(args)  # before MiniLM loads: a missing file fails at once
     with console.status("benchmarking…") as status:
         result = recall.run_recall(
@@ -400,6 +408,8 @@ def _run_recall(args: argparse.Namespace, console: Console) -> int:
             if args.latency_k
             else recall.LATENCY_KS,
             latency_idle_ms=args.latency_idle_ms,
+            latency_vs=args.latency_vs,
+            latency_blocks=args.latency_blocks,
             seed=args.seed,
             command=command_line(),
             on_progress=status.update,
@@ -953,6 +963,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="MS",
         help="sleep before each timed call, as a chat turn's search starts after idle (default"
         " 0: back to back); on a small virtual machine the first call after idle wakes cores",
+    )
+    rec.add_argument(
+        "--latency-vs",
+        type=Path,
+        metavar="TREE",
+        help="time the searches against another checkout instead (its root, e.g. a `git"
+        " worktree` of an older commit): both fill a profile at once in processes of their"
+        " own, then time alternated blocks of 10 questions (A B, B A, ...) so the machine's"
+        " drift falls on both; prints each checkout's p50 and the ratio",
+    )
+    rec.add_argument(
+        "--latency-blocks",
+        type=int,
+        default=38,
+        metavar="N",
+        help="with --latency-vs: blocks each checkout times (38: every question twice)",
     )
     rec.add_argument("--data", type=Path, help=data_help)
     rec.add_argument("--seed", type=int, default=0, help="seed of the timed questions (0)")

@@ -18,7 +18,9 @@ Categories as LoCoMo numbers them (:data:`bench.locomo_data.CATEGORIES`): 1 mult
 2 temporal, 3 open-domain, 4 single-hop.
 
 With ``latency_facts`` the same run also times one hybrid / dense / keyword search at that many
-facts on this machine (:mod:`bench.recall_latency`).
+facts on this machine (:mod:`bench.recall_latency`); with ``latency_vs`` (another checkout's
+root) it times them against that checkout instead, both at once in alternated blocks
+(:mod:`bench.latency_pair`): the figure a "within x% of commit C" target needs.
 
 Command (repository root; ~10 min on 2 idle cores, most of it MiniLM embedding ~5,500 facts)::
 
@@ -34,6 +36,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.latency_pair import markdown as pair_markdown
+from bench.latency_pair import run_pair
 from bench.locomo_data import CATEGORIES, Question
 from bench.recall_latency import IDLE_MS as LATENCY_IDLE_MS
 from bench.recall_latency import KS as LATENCY_KS
@@ -67,6 +71,8 @@ def run_recall(
     latency_queries: int = 200,
     latency_ks: Sequence[int] = LATENCY_KS,
     latency_idle_ms: float = LATENCY_IDLE_MS,
+    latency_vs: Path | str | None = None,
+    latency_blocks: int = 38,
     seed: int = 0,
     command: str | None = None,
     on_progress: Callable[[str], None] = lambda message: None,
@@ -82,7 +88,7 @@ def run_recall(
     cached = CachedEmbedder(embedder)
     wanted = None if sample_ids is None else set(sample_ids)
     chosen = [q for q in questions(load(data)) if wanted is None or q.sample_id in wanted]
-    latency = None
+    latency = pair = None
     with tempfile.TemporaryDirectory(prefix="inferscale-recall-") as tmp:
         with FactLog.open(Path(tmp) / "recall.db") as factlog:
             on_progress("importing and extracting facts (the product's extractor)…")
@@ -93,7 +99,18 @@ def run_recall(
             start = time.perf_counter()
             scored = score(memory, Retriever(factlog, cached), chosen, ks, modes, cached)
             search_s = time.perf_counter() - start
-        if latency_facts > 0:
+        if latency_facts > 0 and latency_vs is not None:
+            pair = run_pair(
+                data,
+                latency_vs,
+                facts=latency_facts,
+                queries=latency_queries,
+                ks=latency_ks,
+                blocks=latency_blocks,
+                seed=seed,
+                on_progress=on_progress,
+            )
+        elif latency_facts > 0:
             with FactLog.open(Path(tmp) / "latency.db") as factlog:
                 latency = run_latency(
                     factlog,
@@ -121,6 +138,7 @@ def run_recall(
         "search_s": round(search_s, 1),
         **scored,
         "latency": latency,
+        "latency_pair": pair,
     }
 
 
@@ -226,6 +244,8 @@ def markdown(result: dict[str, Any]) -> str:
             for k, by_mode in latency["ms"].items()
             for mode, ms in by_mode.items()
         ]
+    if result.get("latency_pair"):
+        lines += ["", pair_markdown(result["latency_pair"])]
     return "\n".join(lines)
 
 
@@ -252,6 +272,12 @@ def headline(result: dict[str, Any]) -> str:
             for k, by_mode in latency["ms"].items()
             for mode, ms in by_mode.items()
             if mode in ("hybrid", "embed")
+        )
+    pair = result.get("latency_pair")
+    if pair:
+        vs = pair["vs"]["git_commit"] or pair["vs"]["tree"]
+        text += f"; hybrid p50 against {vs} at {pair['facts']:,} facts " + ", ".join(
+            f"x{pair['ms'][str(k)]['hybrid']['ratio_p50']:.3f} (k={k})" for k in pair["k"]
         )
     return text
 
