@@ -574,6 +574,7 @@ def _run_kv_quant(args: argparse.Namespace, console: Console) -> int:
             on_progress=status.update,
             rope=check_architecture(runtime.model_dir).shared_rope,
             retrieval=args.retrieval,
+            json_path=args.json,  # after every cell too: a run cut short keeps what it measured
         )
     rows = [{"cell": name, **cell} for name, cell in result["cells"].items()]
     _table(

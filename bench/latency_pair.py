@@ -91,7 +91,7 @@ def run_pair(
             process = subprocess.Popen(args, cwd=tree, env=env, stdout=log, stderr=log)
             workers.append((name, os.open(command, os.O_RDWR), process, log))
         try:
-            on_progress(f"filling two profiles of {facts:,} facts (one a checkout)…")
+            on_progress(f"filling a profile of {facts:,} facts in each checkout…")
             _wait(done_fd, 2, READY_TIMEOUT_S, workers, work)
             for block in range(blocks):
                 order = workers if block % 2 == 0 else workers[::-1]
