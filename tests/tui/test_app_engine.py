@@ -181,11 +181,15 @@ async def test_chat_streams_a_reply_with_its_memory_and_compares_modes(
             assert second.reply.result.injected_tokens == 0
             assert set(panel.last) == {"inject", "prompt"}
             # the panel draws on its next refresh: on a busy machine after the check above.
-            # "last reply per mode" is there since the first reply (one column); the second
-            # mode's column is what this waits for
+            # Both columns are there since the first reply ("–" for prompt), their spacing
+            # set by the widest value; what this waits for is the prompt column's own value
+            # in the "injected" row (0 tokens), beside the injected reply's count
             await _until(
                 pilot,
-                lambda: "inject    prompt" in _screen_text(app, tmp_path / "compare.svg"),
+                lambda: (
+                    re.search(r"injected +[\d,]+ +0\b", _screen_text(app, tmp_path / "compare.svg"))
+                    is not None
+                ),
                 timeout=30,
                 what="the panel's comparison of both modes",
             )
