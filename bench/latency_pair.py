@@ -146,17 +146,12 @@ def _tail(work: Path, name: str) -> str:
 
 
 def _commit(tree: Path) -> str | None:
+    from bench.report import _git
+
     try:
-        out = subprocess.run(
-            ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=5,
-        )
+        return _git(tree, "rev-parse", "--short", "HEAD")
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip()
 
 
 def _compare(
