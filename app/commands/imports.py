@@ -9,6 +9,7 @@ read.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import threading
 from pathlib import Path
 
@@ -40,9 +41,9 @@ PROFILE = "default"
 
 def run_import(
     path: Path, console: Console, profile: str = PROFILE, inbox: Path | None = None
-) -> int:
-    """Import a file or a folder; 0 when no file was quarantined, else 1. Files from ``inbox``
-    (default: the data folder's) are moved out of it when done."""
+) -> tuple[int, int]:
+    """Import a file or a folder: (0 when no file was quarantined, else 1; the turns added).
+    Files from ``inbox`` (default: the data folder's) are moved out of it when done."""
     desk = Desk(paths.memory_db(), profile)
     with Progress(
         SpinnerColumn(),
@@ -56,7 +57,7 @@ def run_import(
     desk.close()
     console.print(report_table(report))
     console.print(summary(report))
-    return 1 if report.quarantined else 0
+    return (1 if report.quarantined else 0), report.turns_added
 
 
 def run_watch(inbox: Path, console: Console, profile: str = PROFILE) -> int:
@@ -207,13 +208,17 @@ def _run_import(args: argparse.Namespace, console: Console) -> int:
     if config is None:
         return 2
     profile = args.profile or config.profile
-    code = run_import(args.path, console, profile, paths.inbox_dir(config.inbox))
-    import dataclasses
-
+    code, added = run_import(args.path, console, profile, paths.inbox_dir(config.inbox))
     config = dataclasses.replace(config, profile=profile)
     if _wake_resident(config, console):
         return code  # the running assistant encodes them: no second engine
     if not args.encode:
+        if added:
+            console.print(
+                "their memories are extracted and encoded when the assistant next runs"
+                " (`inferscale-assistant`, or `inferscale-assistant daemon`); until then"
+                " `memory list` shows none of them. `import --encode` does it now."
+            )
         return code
     from app.commands.encode import encode_pending
 

@@ -444,11 +444,39 @@ def test_run_import_shows_a_table_and_exits_1_when_files_were_quarantined(tmp_pa
     folder = tmp_path / "exports"
     make_batch(folder)
     out = io.StringIO()
-    assert run_import(folder, Console(file=out, width=200)) == 1
+    code, added = run_import(folder, Console(file=out, width=200))
+    assert code == 1 and added > 0
     text = out.getvalue()
     assert "quarantined" in text and "not a supported chat export" in text
     assert "9 files: 4 imported, 0 skipped, 5 quarantined" in text
     out = io.StringIO()
-    assert run_import(folder / "a.jsonl", Console(file=out, width=200)) == 0
+    assert run_import(folder / "a.jsonl", Console(file=out, width=200)) == (0, 0)
     assert "skipped" in out.getvalue()
     assert memory_db().exists()
+
+
+def test_import_says_when_its_memories_come_if_no_assistant_runs(tmp_path):
+    # With no app or daemon running and no --encode, nothing extracts the new turns yet: the
+    # command says so, once, instead of leaving `memory list` empty without a word.
+    env = dict(os.environ, INFERSCALE_HOME=str(tmp_path / "home"), PYTHONPATH=str(REPO))
+    export = FIXTURES / "whatsapp"
+
+    def run() -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "app", "import", str(export)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return " ".join((done.stdout + done.stderr).split())
+
+    first = run()
+    assert "turns added" in first
+    assert "extracted and encoded when the assistant next runs" in first
+    assert "import --encode" in first
+    again = run()  # the same export: skipped, nothing new to tell
+    assert "0 imported" in again and "0 turns added" in again
+    assert "next runs" not in again
