@@ -29,10 +29,13 @@ def test_the_newest_similar_relevant_later_fact_is_chosen():
     assert newest_restatement(9, near, SAID, asked) is None  # an anchor of unknown day
 
 
-def test_an_ending_needs_no_relevance():
-    asked = {1: 0.5, 3: 0.1}
+def test_an_ending_needs_less_relevance_but_some():
+    asked = {1: 0.5, 3: 0.2}  # 0.4 of the anchor's: too little to restate it, enough to end it
     assert newest_restatement(1, [(3, 0.6)], SAID, asked) is None
     assert newest_restatement(1, [(3, 0.6)], SAID, asked, frozenset({3})) == 3
+    # an ending about something the question does not ask of ends nothing it asks of
+    off_topic = {1: 0.5, 3: 0.05}
+    assert newest_restatement(1, [(3, 0.6)], SAID, off_topic, frozenset({3})) is None
 
 
 def test_an_ending_needs_less_similarity():
