@@ -79,6 +79,7 @@ def run_kv_quant(
         run["hits_read_from"] = Path(retrieval).name
     written = store.store_dtype
     store.store_dtype = "model"
+    originals: dict[str, FactKV] = {}
     try:
         with locomo_data.temporary_memory(data, chosen) as memory:
             if retrieval is not None:
@@ -152,6 +153,10 @@ def run_kv_quant(
                     write_json({**_ratios(run), "unfinished": True}, json_path)
     finally:
         store.store_dtype = written
+        if originals:  # the baseline as it was found: a later run encodes none of it anew
+            on_progress(f"writing {len(originals)} entries back in the model's dtype")
+            for entry in originals.values():
+                store.put(entry, scheme="model")
     run = _ratios(run)
     if json_path is not None:
         write_json(run, json_path)

@@ -17,6 +17,7 @@ import pytest
 
 from bench import gpu_kvquant, kv_quant, locomo_data
 from bench.report import write_json
+from inferscale_core.kvstore.entry_file import SUFFIX, read_header
 from tests.support import LOCOMO_FIXTURE
 from tests.support.gpu_entry import run_on_exported_hits
 
@@ -128,5 +129,9 @@ def test_gpu_kvquant_measures_on_exported_hits(tmp_path: Path):
         > 1
     )
     assert set(saved["key_error"]) == {"fp8", "int4"}
+    # the entries are left as the model computed them, so a later run encodes none anew
+    files = sorted((tmp_path / "kv").rglob(f"fact-*{SUFFIX}"))
+    assert len(files) == saved["entries"]
+    assert {read_header(f.stem, f).scheme for f in files} == {"model"}
     kv_quant.headline(saved)  # the CPU run's headline and plot read it as they are
     kv_quant.plot(saved, tmp_path / "kvquant.png")
