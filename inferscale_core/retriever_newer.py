@@ -38,9 +38,9 @@ ENDING_RELEVANCE = 0.3
 football" answers "What sport do I do?" less well than "I play football on Thursdays" did),
 but some. Without it "Ruby gave me Fourth Wing ... I've ditched The Women halfway through" (an
 ending, 0.4 from "Got an iPhone 15 ... Ruby is mortified" by the name they share) sent the new
-phone to the end of "What phone have I got now?". On the fifteen read life sets current first
-229 -> 230 of 266, update R@5 234 -> 235, nothing lower; the five blind sets the same to the
-question."""
+phone to the end of "What phone have I got now?". The fifteen read life sets in one process
+(the same embeddings for both): current first 229 -> 230 of 266, update R@5 +1, nothing lower;
+the five blind sets the same to the question; 0.5 and 0.7 no better."""
 
 
 def newest_restatement(
