@@ -32,6 +32,7 @@ from inferscale_core.importers.pipeline import (
 )
 from inferscale_core.paths import memory_db
 from tests.support import FIXTURES, LOCOMO_FIXTURE, REPO
+from tests.support.repo_process import run_python
 
 
 @pytest.fixture
@@ -458,18 +459,10 @@ def test_run_import_shows_a_table_and_exits_1_when_files_were_quarantined(tmp_pa
 def test_import_says_when_its_memories_come_if_no_assistant_runs(tmp_path):
     # With no app or daemon running and no --encode, nothing extracts the new turns yet: the
     # command says so, once, instead of leaving `memory list` empty without a word.
-    env = dict(os.environ, INFERSCALE_HOME=str(tmp_path / "home"), PYTHONPATH=str(REPO))
-    export = FIXTURES / "whatsapp"
+    env = dict(os.environ, INFERSCALE_HOME=str(tmp_path / "home"))
 
     def run() -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "app", "import", str(export)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=REPO,
-            env=env,
-        )
+        done = run_python(["-m", "app", "import", str(FIXTURES / "whatsapp")], 120, env)
         assert done.returncode == 0, done.stderr[-2000:]
         return " ".join((done.stdout + done.stderr).split())
 
