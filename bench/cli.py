@@ -585,9 +585,20 @@ def _run_kv_quant(args: argparse.Namespace, console: Console) -> int:
             "KL/token": lambda r: f"{r['kl_mean_per_token']:.4f}",
             "top-1": lambda r: f"{r['top1_agree']:.1%}",
             "same answer": lambda r: f"{r['same_answer']:.0%}",
+            "F1": lambda r: f"{r['f1']:.3f}",
+            "model F1 (95% CI)": lambda r: _f1_with_ci(r["f1_model"], r["f1_model_ci95"]),
+            "F1 − model (95% CI)": lambda r: _interval(r["f1_difference_ci95"]),
         },
     )
     return _finish(result, args, console, kv_quant)
+
+
+def _f1_with_ci(f1: float, ci: list[float] | None) -> str:
+    return f"{f1:.3f} ({'n/a' if ci is None else f'{ci[0]:.3f}-{ci[1]:.3f}'})"
+
+
+def _interval(ci: list[float] | None) -> str:
+    return "n/a" if ci is None else f"{ci[0]:+.3f} to {ci[1]:+.3f}"
 
 
 def _rescore(args: argparse.Namespace, console: Console) -> int:

@@ -9,10 +9,13 @@ again. Every fact is injected (no recompute), so the whole effect of compression
 Measured per scheme and k, against ``model`` in the same run and engine: mean next-token
 KL(model ‖ scheme) per answer token along the model answer (teacher-forced where the answers
 part, as ``bench locomo`` does), how often the argmaxes agree, how often the greedy answers are
-identical; and per scheme the stored bytes of an entry (mean), a token, and the ratio to the
-model's, and the keys' error quantized post-RoPE (as stored) against pre-RoPE. Each scheme's
-requests carry their own cache salt (the store's dtype is in it), so vLLM's prefix cache never
-serves one scheme's blocks to another.
+identical, and LoCoMo's F1 of each against the gold answers (:mod:`bench.locomo_score`): the
+scheme's F1, the model's with its 95% bootstrap interval, whether the first lies inside it, and
+the paired difference's interval (questions resampled). Per scheme: the stored bytes of an
+entry (mean), a token, and the ratio to the model's, and the keys' error quantized post-RoPE
+(as stored) against pre-RoPE. Each scheme's requests carry their own cache salt (the store's
+dtype is in it), so vLLM's prefix cache never serves one scheme's blocks to another. Every
+answer's text is kept (``answers``), so the F1 can be scored again.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from bench import kv_quant_variants as variants
 from bench import locomo_data
 from bench.arguments import window_of
 from bench.locomo import Forcing
+from bench.locomo_score import bootstrap_ci, locomo_f1, mean, mean_difference
 from bench.report import provenance, write_json
 from inferscale_core.kvstore import KVStore
 from inferscale_core.kvstore.quant import dequantize, quantize
@@ -75,6 +79,8 @@ def run_kv_quant(
         "settings": settings,
         "questions": len(chosen),
     }
+    # every answer's text, per cell (``model@k5``, ``int4@k5``, …): the F1 can be scored again
+    answers = {q.id: {"category": q.category, "gold": q.answer} for q in chosen}
     if retrieval is not None:
         run["hits_read_from"] = Path(retrieval).name
     written = store.store_dtype
@@ -117,6 +123,7 @@ def run_kv_quant(
         cells: dict[str, dict[str, Any]] = {}
         sizes: dict[str, dict[str, float]] = {}
         run.update(entries=len(keys), sizes=sizes, cells=cells, key_error=key_errors)
+        run["answers"] = answers
         baseline: dict[tuple[str, int], Any] = {}
         for scheme in ("model", *schemes):
             on_progress(f"{scheme}: writing {len(keys)} entries")
@@ -142,12 +149,15 @@ def run_kv_quant(
                 for result in results:
                     if result.refused:
                         raise RuntimeError(f"{scheme} k={k}: injection refused: {result.refused}")
+                for q, result in zip(chosen, results, strict=True):
+                    answers[q.id][f"{scheme}@k{k}"] = result.text
                 if scheme == "model":
                     baseline.update({(q.id, k): r for q, r in zip(chosen, results, strict=True)})
                     continue
-                cells[f"{scheme}@k{k}"] = _compare(
-                    engine, prompts, chosen, results, baseline, k, gen
-                )
+                cells[f"{scheme}@k{k}"] = {
+                    **_compare(engine, prompts, chosen, results, baseline, k, gen),
+                    **f1_against_model(chosen, answers, f"{scheme}@k{k}", f"model@k{k}"),
+                }
                 on_progress(f"{scheme}@k{k}: {_cell_line(cells[f'{scheme}@k{k}'])}")
                 if json_path is not None:
                     write_json({**_ratios(run), "unfinished": True}, json_path)
@@ -173,10 +183,53 @@ def _ratios(result: dict[str, Any]) -> dict[str, Any]:
 
 def _cell_line(cell: dict[str, Any]) -> str:
     kl, top1 = cell["kl_mean_per_token"], cell["top1_agree"]
+    low, high = cell["f1_model_ci95"] or (None, None)
     return (
         f"KL {kl if kl is None else f'{kl:.4f}'}, top-1 {top1 if top1 is None else f'{top1:.1%}'},"
-        f" same answer {cell['same_answer']:.0%}"
+        f" same answer {cell['same_answer']:.0%}, F1 {_number(cell['f1'])} (model"
+        f" {_number(cell['f1_model'])}, CI {_number(low)}-{_number(high)})"
     )
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def f1_against_model(
+    chosen: Sequence[locomo_data.Question],
+    answers: dict[str, dict[str, Any]],
+    cell: str,
+    model_cell: str,
+) -> dict[str, Any]:
+    """LoCoMo's F1 of ``cell``'s answers and of ``model_cell``'s on the same questions: both
+    means, the model's 95% bootstrap interval and whether ``cell``'s mean lies inside it, and
+    the interval of the paired difference ``cell - model`` (0 inside it: no difference shown)."""
+    pairs = [
+        (
+            locomo_f1(q.category, answers[q.id][cell], q.answer),
+            locomo_f1(q.category, answers[q.id][model_cell], q.answer),
+        )
+        for q in chosen
+    ]
+    f1, f1_model = mean([a for a, _ in pairs]), mean([b for _, b in pairs])
+    model_ci = bootstrap_ci([b for _, b in pairs], mean)
+    return {
+        "f1": _rounded(f1),
+        "f1_model": _rounded(f1_model),
+        "f1_model_ci95": _rounded_pair(model_ci),
+        "f1_within_ci": (
+            None if f1 is None or model_ci is None else model_ci[0] <= f1 <= model_ci[1]
+        ),
+        "f1_difference_ci95": _rounded_pair(bootstrap_ci(pairs, mean_difference)),
+    }
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def _rounded_pair(values: list[float] | None) -> list[float] | None:
+    return None if values is None else [round(v, 4) for v in values]
 
 
 def key_rope_error(
@@ -273,11 +326,17 @@ def headline(result: dict[str, Any]) -> str:
     for scheme in result["settings"]["schemes"]:
         kl = [c["kl_mean_per_token"] for n, c in cells.items() if n.startswith(scheme + "@")]
         top1 = [c["top1_agree"] for n, c in cells.items() if n.startswith(scheme + "@")]
+        within = [c.get("f1_within_ci") for n, c in cells.items() if n.startswith(scheme + "@")]
         size = sizes.get(scheme)
         parts.append(
             f"{scheme}: "
             + (f"{size['smaller_than_model']:.2f}x smaller," if size else "simulated,")
             + f" KL {min(kl):.4f}-{max(kl):.4f} nats, top-1 {min(top1):.1%}-{max(top1):.1%}"
+            + (
+                f", F1 within the model's CI at {sum(w is True for w in within)} of {len(within)} k"
+                if any(w is not None for w in within)
+                else ""
+            )
         )
     return f"kvquant, {result['questions']} questions: " + "; ".join(parts)
 

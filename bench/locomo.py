@@ -50,7 +50,7 @@ from typing import Any
 from bench import locomo_data
 from bench.arguments import window_of
 from bench.locomo_data import CATEGORIES, LocomoMemory, Question
-from bench.locomo_score import judge, kl_top, locomo_f1, mean
+from bench.locomo_score import bootstrap_ci, judge, kl_top, locomo_f1, mean, ratio_of_sums
 from bench.report import figure, footnote, provenance, save_figure, write_json
 from inferscale_core.composer import ChatLayout, ComposedPrompt
 from inferscale_core.prompt_builder import MemoryFact, PromptBuilder
@@ -437,8 +437,8 @@ def score(result: dict[str, Any]) -> dict[str, Any]:
                 for q in records
                 if key in q["answers"] and baseline in q["answers"]
             ]
-            cell["f1_over_prompt"] = _ratio(pairs)
-            cell["f1_over_prompt_ci95"] = _bootstrap_ratio(pairs)
+            cell["f1_over_prompt"] = ratio_of_sums(pairs)
+            cell["f1_over_prompt_ci95"] = bootstrap_ci(pairs, ratio_of_sums)
             cell["same_text_as_prompt"] = mean(
                 [
                     float(
@@ -456,30 +456,6 @@ def score(result: dict[str, Any]) -> dict[str, Any]:
 def _cells(settings: dict[str, Any]) -> list[str]:
     ws, reference, rs = settings["ws"], settings.get("reference", ()), settings.get("rs", [0])
     return [f"{mode}@k{k}" for k in settings["ks"] for mode in modes(ws, reference, rs, k)]
-
-
-def _ratio(pairs: Sequence[tuple[float, float]]) -> float | None:
-    base = sum(b for _, b in pairs)
-    return sum(a for a, _ in pairs) / base if base else None
-
-
-def _bootstrap_ratio(
-    pairs: Sequence[tuple[float, float]], rounds: int = 2000, seed: int = 0
-) -> list[float] | None:
-    """95% interval of sum(injection F1) / sum(prompt F1), resampling questions in pairs."""
-    if not pairs:
-        return None
-    rng = random.Random(seed)
-    ratios = []
-    for _ in range(rounds):
-        drawn = [pairs[rng.randrange(len(pairs))] for _ in pairs]
-        value = _ratio(drawn)
-        if value is not None:
-            ratios.append(value)
-    if not ratios:
-        return None
-    ratios.sort()
-    return [ratios[int(0.025 * len(ratios))], ratios[int(0.975 * len(ratios)) - 1]]
 
 
 def _kl_summary(kls: Sequence[dict[str, Any] | None]) -> dict[str, Any]:

@@ -8,17 +8,19 @@ plain F1; category 1 (multi-hop) splits prediction and gold on commas and averag
 gold parts, the best F1 of any predicted part. Category 5 is not scored (excluded).
 
 KL: :func:`kl_top` compares two next-token distributions given as vLLM's top-n logprobs.
+Intervals: :func:`bootstrap_ci` resamples questions (a question and all it carries is one item).
 """
 
 from __future__ import annotations
 
 import math
+import random
 import re
 import string
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 from inferscale_core.composer import render_chat
 
@@ -99,6 +101,42 @@ def kl_top(p: Mapping[int, float], q: Mapping[int, float]) -> tuple[float, float
 
 def mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+def ratio_of_sums(pairs: Sequence[tuple[float, float]]) -> float | None:
+    """``sum(a) / sum(b)`` over ``(a, b)`` pairs; None when the b's sum to 0."""
+    base = sum(b for _, b in pairs)
+    return sum(a for a, _ in pairs) / base if base else None
+
+
+def mean_difference(pairs: Sequence[tuple[float, float]]) -> float | None:
+    """``mean(a - b)`` over ``(a, b)`` pairs."""
+    return mean([a - b for a, b in pairs])
+
+
+Item = TypeVar("Item")
+
+
+def bootstrap_ci(
+    items: Sequence[Item],
+    statistic: Callable[[Sequence[Item]], float | None],
+    rounds: int = 2000,
+    seed: int = 0,
+) -> list[float] | None:
+    """95% interval of ``statistic`` over ``items`` drawn with replacement, ``rounds`` times
+    (percentile bootstrap; draws where the statistic is None are left out)."""
+    if not items:
+        return None
+    rng = random.Random(seed)
+    values = []
+    for _ in range(rounds):
+        value = statistic([items[rng.randrange(len(items))] for _ in items])
+        if value is not None:
+            values.append(value)
+    if not values:
+        return None
+    values.sort()
+    return [values[int(0.025 * len(values))], values[int(0.975 * len(values)) - 1]]
 
 
 JUDGE_SCHEMA: dict[str, Any] = {

@@ -14,7 +14,16 @@ import pytest
 
 from bench import locomo_data
 from bench.dummy import SHAPES, DummyPrompts, resolve_dummy_config
-from bench.locomo_score import f1_score, kl_top, locomo_f1, normalize_answer
+from bench.locomo_score import (
+    bootstrap_ci,
+    f1_score,
+    kl_top,
+    locomo_f1,
+    mean,
+    mean_difference,
+    normalize_answer,
+    ratio_of_sums,
+)
 from bench.report import RUN_LOG_HEADING, append_run, percentile, provenance
 from inferscale_core.kvstore import KVStore
 from tests.support import LOCOMO_FIXTURE, REPO
@@ -64,6 +73,22 @@ def test_normalize_answer_and_f1_edge_cases():
     assert f1_score("an", "the") == 0.0  # nothing left after normalization
     with pytest.raises(ValueError):
         locomo_f1(5, "x", "y")
+
+
+def test_bootstrap_ci_brackets_the_statistic_and_narrows_with_more_questions():
+    values = [0.0, 1.0] * 10  # mean 0.5
+    low, high = bootstrap_ci(values, mean)
+    assert 0.2 < low < 0.5 < high < 0.8
+    wide = high - low
+    low, high = bootstrap_ci(values * 16, mean)
+    assert low < 0.5 < high and high - low < wide / 3  # 16x the questions: ~1/4 the width
+    assert bootstrap_ci([0.3] * 7, mean) == [pytest.approx(0.3), pytest.approx(0.3)]
+    assert bootstrap_ci([], mean) is None
+    assert bootstrap_ci([(1.0, 0.0)], ratio_of_sums) is None  # no draw has a ratio
+    # paired: a constant difference has no spread, whatever the spread of each side
+    pairs = [(v + 0.1, v) for v in values]
+    assert bootstrap_ci(pairs, mean_difference) == [pytest.approx(0.1), pytest.approx(0.1)]
+    assert bootstrap_ci(pairs, mean_difference, seed=1) == bootstrap_ci(pairs, mean_difference)
 
 
 def test_kl_top_is_zero_for_equal_and_exact_for_full_support():

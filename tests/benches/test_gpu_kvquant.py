@@ -77,6 +77,24 @@ def test_kvquant_injects_the_files_facts_without_an_embedder(tmp_path: Path, mon
         )
 
 
+def test_kvquant_f1_against_the_model_answers_with_its_interval():
+    chosen = locomo_data.sample_questions(
+        locomo_data.questions(locomo_data.load(LOCOMO_FIXTURE)), 8, 0
+    )
+    answers = {q.id: {"category": q.category, "gold": q.answer} for q in chosen}
+    for i, q in enumerate(chosen):  # the model right on every question, the scheme on half
+        answers[q.id]["model@k5"] = q.answer
+        answers[q.id]["int4@k5"] = q.answer if i % 2 else "no idea"
+    cell = kv_quant.f1_against_model(chosen, answers, "int4@k5", "model@k5")
+    assert cell["f1_model"] == 1.0 and cell["f1_model_ci95"] == [1.0, 1.0]
+    assert cell["f1"] == pytest.approx(0.5, abs=0.13)  # a wrong answer may share a word
+    assert cell["f1_within_ci"] is False
+    low, high = cell["f1_difference_ci95"]
+    assert low < cell["f1"] - 1.0 < high < 0  # the loss is shown: 0 lies outside
+    same = kv_quant.f1_against_model(chosen, answers, "model@k5", "model@k5")
+    assert same["f1_within_ci"] is True and same["f1_difference_ci95"] == [0.0, 0.0]
+
+
 def _argv(tmp_path: Path, *extra: str) -> list[str]:
     hits = tmp_path / "hits.json"
     hits.write_text("{}")
@@ -121,8 +139,14 @@ def test_gpu_kvquant_measures_on_exported_hits(tmp_path: Path):
     assert set(saved["cells"]) == {f"{s}@k{k}" for s in ("fp8", "int4") for k in (1, 2)}
     exported = json.loads(hits.read_text())["questions"]
     assert saved["entries"] == len({text for rows in exported.values() for text, _ in rows})
-    for cell in saved["cells"].values():
+    for name, cell in saved["cells"].items():
         assert cell["tokens"] > 0 and 0 <= cell["kl_mean_per_token"] < 1.0
+        assert 0 <= cell["f1"] <= 1 and cell["f1_within_ci"] in (True, False)
+        low, high = cell["f1_model_ci95"]
+        assert low <= cell["f1_model"] <= high
+        model_cell = "model@" + name.split("@")[1]
+        assert all({name, model_cell} <= set(a) for a in saved["answers"].values())
+    assert len(saved["answers"]) == 2
     assert (
         saved["sizes"]["int4"]["smaller_than_model"]
         > saved["sizes"]["fp8"]["smaller_than_model"]
