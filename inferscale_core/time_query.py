@@ -115,16 +115,27 @@ _RELATION_BEFORE = re.compile(
     rf"\b(?:{KIN_WORDS}|nan|nana|nanna|gran|granny|grandad|auntie|aunty|mam)\s+$", re.IGNORECASE
 )
 
+# "march" the verb: after a modal, a subject or "have to" ("we just have to march on",
+# "they'll march"); "moved to march", "from January to March" stay months
+_MARCH_VERB_BEFORE = re.compile(
+    r"(?:\b(?:will|would|shall|should|must|can|could|might|i|we|you|they|let's|let’s|lets"
+    r"|(?:have|has|had|got|need|needs|want|wants|going|ready|used)\s+to)|['’]ll)\s+$",
+    re.IGNORECASE,
+)
+
 
 def month_names_masked(text: str) -> str:
-    """``text`` with each month word that is a person's name blanked out, same length ("Where
-    does Jun Mesel keep the camera?" asked of no June; "Jan called yesterday" said yesterday).
+    """``text`` with each month word that is a person's name (or "march" the verb) blanked out,
+    same length ("Where does Jun Mesel keep the camera?" asked of no June; "Jan called
+    yesterday" said yesterday).
     A capitalised month word with no time cue around it (:data:`_MONTH_CUE_BEFORE`, ``_AFTER``)
     is a name when the next word is capitalised too ("April Ludgate") or when it is a
     three-letter abbreviation ("Jan", "Jun"); "May" is left to the callers' modal-verb rule."""
 
     def blank(match: re.Match[str]) -> str:
         word = match.group(0)
+        if word.casefold() == "march" and _MARCH_VERB_BEFORE.search(text, 0, match.start()):
+            return "_" * len(word)  # "we just have to march on": the verb
         if not word[0].isupper() or word.casefold() == "may":
             return word
         if _MONTH_CUE_BEFORE.search(text, 0, match.start()) or _MONTH_CUE_AFTER.match(

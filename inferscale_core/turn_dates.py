@@ -371,10 +371,30 @@ def resolve_date(text: str, when: datetime | None) -> date | None:
     text = month_names_masked(text)  # "Jan called yesterday": Jan is no January
     found = min(_expressions(text, when), default=None, key=lambda p: p[0])  # (position, day)
     if found is not None:
-        return found[1]
+        return found[1] + _offset_before(text, found[0])
     if holiday := _HOLIDAY.search(text):  # only when nothing else names the day
         return _holiday(holiday.group(0), day, _tense(text, holiday.start())) or day
     return day
+
+
+# "a week after my birthday on aug 3", "the day after my exam on the 23rd": the day named,
+# moved; what lies between is a few words of the same clause, the event
+_OFFSET = re.compile(
+    rf"\b(?:(?P<the>the)|{_COUNT})\s+(?P<unit>days?|weeks?)\s+(?P<side>after|before)\b"
+    r"(?=\s+(?!on\b)[^.!?;,]{1,40}$)",  # not "the day after, on Friday": Friday is that day
+    re.IGNORECASE,
+)
+
+
+def _offset_before(text: str, at: int) -> timedelta:
+    """The shift an offset just before the expression at ``at`` says ("three days after my
+    exam on the 23rd": +3 days); none without one."""
+    match = _OFFSET.search(text, 0, at)
+    if match is None:
+        return timedelta()
+    n = 1 if match.group("the") else _count(match.group(2))  # 2: _COUNT's group
+    shift = timedelta(weeks=n) if match.group("unit")[0] in "wW" else timedelta(days=n)
+    return shift if match.group("side").lower() == "after" else -shift
 
 
 def _holiday(name: str, day: date, tense: str) -> date | None:
@@ -556,7 +576,10 @@ def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
             start = on.start() if on else match.start()
             yield start, _weekday_ahead(match, day) + timedelta(weeks=1)
         else:
-            yield match.start(), _weekday(match, day, _tense(text, match.start()))
+            # joined to "is", the weekday's own verb is present: the one to come ("thursday's
+            # my bday and my friends forgot last year")
+            tense = "future" if _weekday_is(text, match) else _tense(text, match.start())
+            yield match.start(), _weekday(match, day, tense)
         break
     for match in SEASON.finditer(text):  # "last spring", "the summer of 2024": its first day
         if match.group("last") or match.group("year"):  # "I love summer" is no date
@@ -615,7 +638,8 @@ def _tense(text: str, at: int) -> str:
 # present verb read as the future: 8 and 20 fewer right of 683 labelled turns)
 _NO_PAST_BEFORE = re.compile(
     r"\b(?:is|are|am|be|been|being|get|gets|getting|i'm|i’m|we're|we’re|they're|they’re"
-    r"|you're|you’re)\s+$",
+    # a negated perfect tells of what has not happened yet ("i haven't started")
+    r"|you're|you’re|haven't|haven’t|havent|hasn't|hasn’t|hasnt|not\s+yet)\s+$",
     re.IGNORECASE,
 )
 
@@ -625,6 +649,23 @@ def _is_weekday(match: re.Match[str]) -> bool:
     short forms count only after "on", "last", "this", "next", "coming" or as the full name."""
     word = match.group(0).split()[-1].lower()
     return word.endswith("day") or match.group("which") is not None and len(word) >= 3
+
+
+# a weekday joined to a present copula: "On Saturday is my cousin's function", "thursday's
+# my bday" (the weekday first in its clause: "the flat we saw on Monday is a maybe" is not),
+# "the match is on Friday", "my last day is friday"
+_IS_AFTER = re.compile(r"\s*(?:is\b|['’]s\b)", re.IGNORECASE)
+_IS_BEFORE = re.compile(r"\b(?:is|are)\s+(?:on\s+)?$", re.IGNORECASE)
+_CLAUSE_START = re.compile(r"(?:^|[,.!?;:—–])\s*$")
+
+
+def _weekday_is(text: str, match: re.Match[str]) -> bool:
+    """Whether the weekday ``match`` names is joined to "is": after it, leading its clause,
+    or before it."""
+    leads = _CLAUSE_START.search(text, 0, match.start())
+    return bool(
+        leads and _IS_AFTER.match(text, match.end()) or _IS_BEFORE.search(text, 0, match.start())
+    )
 
 
 def _recurs(text: str, match: re.Match[str]) -> bool:

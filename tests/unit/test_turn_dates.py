@@ -12,7 +12,9 @@ turns of life-dev8 and -dev9, measured before any change; and of life-dev10 and 
 of life-heldout4, read after its blind run ("I get the keys on 8 March", "eight days ago");
 and of a set of 130 dated turns written for dates alone ("the last Friday of June",
 "Thanksgiving", "booked for the 21st"); and of life-dev12 and -dev13, measured before any
-change ("Saturday the 7th", "monday last week", "the Saturday after New Year").
+change ("Saturday the 7th", "monday last week", "the Saturday after New Year"); and of a second
+set of 150 ("i haven't started", "thursday's my bday", "three days after my exam on the 23rd",
+"we just have to march on").
 """
 
 from datetime import date, datetime
@@ -229,6 +231,20 @@ SUN = datetime(2024, 1, 14, 9, 0)  # a Sunday
         ("Melbourne Cup day I went to a BBQ in Yarraville.", datetime(2024, 11, 7),
          date(2024, 11, 5)),
         ("Valentine's was lovely, he cooked.", datetime(2026, 2, 15), date(2026, 2, 14)),
+        # of the second set of dated turns, re-worded: a negated perfect, a weekday joined to
+        # "is", a day moved by an offset
+        ("must hand in the essay by the 28th and i haven't written a word", datetime(2025, 4, 15),
+         date(2025, 4, 28)),
+        ("On Friday is my niece's naming ceremony, what do I bring?", datetime(2026, 1, 6),
+         date(2026, 1, 9)),
+        ("friday's my sister's birthday and I forgot hers last year", datetime(2026, 9, 26),
+         date(2026, 10, 2)),
+        ("The flat we saw on Monday is a maybe.", datetime(2024, 9, 12), date(2024, 9, 9)),
+        ("Two days after my interview on the 14th I hear back.", datetime(2026, 1, 10),
+         date(2026, 1, 16)),
+        ("a week after the wedding on aug 3 we fly out", datetime(2024, 7, 25),
+         date(2024, 8, 10)),
+        ("I met him the day after, on Friday.", THU, date(2024, 12, 6)),
     ],
 )  # fmt: skip
 def test_a_turns_day(text, said, expected):
@@ -261,6 +277,7 @@ def test_the_first_expression_said_is_the_one_told_of():
         "Happy new year! Hope yours was good.",  # a greeting names no day
         "my nan June is turning 90 and loves her garden",  # a name after a relation
         "Holiday photos are finally sorted.",  # "holi" is no Holi
+        "We just have to march on, morale is low.",  # "march" the verb
     ],
 )
 def test_words_that_are_not_days_keep_the_day_said(text):
