@@ -34,7 +34,7 @@ from inferscale_core.time_query import (
 )
 
 _SENTENCE = re.compile(r"[^.!?;]+[.!?;]*")  # a sentence (or a part of one after ";")
-_CLAUSE = re.compile(r"[^,.!?;:—–]+[,.!?;:—–]*")
+_CLAUSE = re.compile(r"(?:\bthat\b)?(?:(?!\bthat\b)[^,.!?;:—–])+[,.!?;:—–]*")
 
 _COUNT = (
     r"(\d{1,3}|a|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen"
@@ -173,9 +173,10 @@ _DAY_OF_REL_MONTH = re.compile(
 )
 _MID_MONTH = re.compile(rf"\bmid[-\s]?(?P<month>{_MONTHS})", re.IGNORECASE)  # "mid-April": the 15th
 _WEEKEND = re.compile(
-    r"\b(?:(?P<which>last|this|next)\s+weekend|the\s+weekend\s+before\s+last"
+    # "long": a weekend with a holiday ("over the long weekend we drove up to the lake")
+    r"\b(?:(?P<which>last|this|next)\s+(?:long\s+)?weekend|the\s+weekend\s+before\s+last"
     r"|(?P<gone>(?:the|this)\s+(?:past\s+weekend|weekend\s+(?:just\s+)?gone))"
-    r"|(?P<at>(?:at|on|over)\s+the\s+weekend))\b",
+    r"|(?P<at>(?:at|on|over)\s+the\s+(?:long\s+)?weekend))\b",
     re.IGNORECASE,
 )
 _WEEKEND_SATURDAY = {"last": -2, "this": 5, "next": 12, None: -9}  # days from this week's Monday
@@ -639,16 +640,28 @@ def _tense(text: str, at: int) -> str:
 _NO_PAST_BEFORE = re.compile(
     r"\b(?:is|are|am|be|been|being|get|gets|getting|i'm|i’m|we're|we’re|they're|they’re"
     # a negated perfect tells of what has not happened yet ("i haven't started")
-    r"|you're|you’re|haven't|haven’t|havent|hasn't|hasn’t|hasnt|not\s+yet)\s+$",
+    r"|you're|you’re|haven't|haven’t|havent|hasn't|hasn’t|hasnt|not\s+yet)\s+$"
+    # a wish for a thing done ("i want all the gifts bought", "need the car fixed")
+    r"|\b(?:want|wants|need|needs)\s+(?:[\w'’]+\s+){1,3}$",
     re.IGNORECASE,
 )
 
 
 def _is_weekday(match: re.Match[str]) -> bool:
     """A weekday's name, not a word that begins like one ("sun", "sat", "wed", "mon"): the
-    short forms count only after "on", "last", "this", "next", "coming" or as the full name."""
-    word = match.group(0).split()[-1].lower()
-    return word.endswith("day") or match.group("which") is not None and len(word) >= 3
+    short forms count only after "on", "last", "this", "next", "coming", as the full name, or
+    capitalised where they are no other word ("got my results back Mon")."""
+    said = match.group(0).split()[-1]
+    word = said.lower()
+    return (
+        word.endswith("day")
+        or match.group("which") is not None
+        and len(word) >= 3
+        or said in _SHORT_DAYS
+    )
+
+
+_SHORT_DAYS = frozenset({"Mon", "Tue", "Tues", "Thu", "Thur", "Thurs", "Fri"})
 
 
 # a weekday joined to a present copula: "On Saturday is my cousin's function", "thursday's

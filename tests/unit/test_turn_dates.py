@@ -14,7 +14,8 @@ and of a set of 130 dated turns written for dates alone ("the last Friday of Jun
 "Thanksgiving", "booked for the 21st"); and of life-dev12 and -dev13, measured before any
 change ("Saturday the 7th", "monday last week", "the Saturday after New Year"); and of a second
 set of 150 ("i haven't started", "thursday's my bday", "three days after my exam on the 23rd",
-"we just have to march on").
+"we just have to march on", "texted that rent is going up", "the long weekend", "back Mon",
+"i want all the gifts bought").
 """
 
 from datetime import date, datetime
@@ -245,6 +246,17 @@ SUN = datetime(2024, 1, 14, 9, 0)  # a Sunday
         ("a week after the wedding on aug 3 we fly out", datetime(2024, 7, 25),
          date(2024, 8, 10)),
         ("I met him the day after, on Friday.", THU, date(2024, 12, 6)),
+        # a clause from "that" has its own tense; a long weekend; "Mon" capitalised
+        ("on friday my boss emailed that the office is closing early", datetime(2025, 1, 26),
+         date(2025, 1, 24)),
+        ("The club sent a letter that the match is on the 20th June.", datetime(2025, 6, 3),
+         date(2025, 6, 20)),
+        ("over the long weekend we went camping and now my back hurts", datetime(2025, 9, 3),
+         date(2025, 8, 30)),
+        ("Heard back from the dentist Mon, need a filling.", datetime(2024, 4, 17),
+         date(2024, 4, 15)),
+        ("end of january i want the spare room painted, who do I call?", datetime(2026, 1, 7),
+         date(2026, 1, 31)),
     ],
 )  # fmt: skip
 def test_a_turns_day(text, said, expected):
