@@ -96,6 +96,14 @@ _MONTHS = (
     # (not the verb after its subject: "I may 2x it")
     r"|(?<!\bi\s)(?<!you\s)(?<!\bwe\s)(?<!they\s)(?<!\bhe\s)(?<!she\s)(?<!\bit\s)"
     r"may(?=\s+\d{1,2}(?:st|nd|rd|th)?\b)|(?<=\d\s)may\b|(?<=\d[a-z]{2}\s)may\b"
+    r"|(?<=\d[a-z]{2}\sof\s)may\b"  # "the 8th of may"
+)
+# "on 14 feb last year", "March 3rd next year": the day of the year named
+_DATE_OF_REL_YEAR = re.compile(
+    rf"\b(?:(?P<d1>\d{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?(?P<m1>{_MONTHS})"
+    rf"|(?P<m2>{_MONTHS})\s+(?P<d2>\d{{1,2}})(?:st|nd|rd|th)?)"
+    r",?\s+(?P<rel>last|this|next)\s+year\b",
+    re.IGNORECASE,
 )
 _MONTH_STOP = re.compile(
     r"\b(jan|feb|mar|apr|jun|jul|aug|sept?|oct|nov|dec)\.(?=\s*\d)", re.IGNORECASE
@@ -144,7 +152,8 @@ _BEFORE_LAST = re.compile(r"\s+before\s+last\b", re.IGNORECASE)  # "the Thursday
 # of May" is dateparser's, "the 3rd of next month" _OF_MONTH's), not an ordinal of something
 # else ("on the 3rd floor", "for the 2nd time")
 _DAY_OF_MONTH = re.compile(
-    r"(?:\b(?:on|by|for|from|since|until|till|before|after|starting|beginning|as\s+of)"
+    r"(?:\b(?:on|by|for|from|since|until|till|before|after|starting|beginning|as\s+of"
+    r"|(?:moved|pushed(?:\s+back)?|bumped|changed|brought\s+forward)\s+to)"
     r"\s+(?:the\s+)?|\b(?:is|was|are|were|'s)\s+the\s+|^the\s+)(\d{1,2})(?:st|nd|rd|th)\b"
     rf"(?!\s+(?:of\s+)?(?:{_MONTHS}|(?:this|next|last)\s+month))"
     r"(?!\s+(?:time|times|floor|place|row|round|go|try|attempt|lap|day|week|year|anniversary"
@@ -166,6 +175,17 @@ _OF_MONTH = re.compile(
     re.IGNORECASE,
 )
 # "on 27th last month", "the 3rd next month"
+# "early next month", "mid last month": said as _OF_MONTH reads them ("the start of next month")
+_EARLY_REL_MONTH = re.compile(
+    r"\b(?P<part>early|mid)[-\s]+(?P<rel>next|last|this)\s+month\b", re.IGNORECASE
+)
+
+
+def _part_of_month(match: re.Match[str]) -> str:
+    part = "start" if match.group("part").lower() == "early" else "middle"
+    return f"the {part} of {match.group('rel')} month"
+
+
 _DAY_OF_REL_MONTH = re.compile(
     r"\b(?:(?:on|by|from|till|until)\s+)?(?:the\s+)?(?P<dom>\d{1,2})(?:st|nd|rd|th)"
     r"\s+(?P<rel>last|next|this)\s+month\b",
@@ -310,8 +330,8 @@ _WEEKDAY_BY_HOLIDAY = re.compile(
 )
 # "the day before New Year's Eve", "two days before Christmas", "the day after Labor Day"
 _DAYS_BY_HOLIDAY = re.compile(
-    rf"\b(?P<n>the|a|{_COUNT[1:-1]})\s+days?\s+(?P<side>before|after)\s+(?:the\s+)?"
-    rf"(?P<name>{_HOLIDAY_NAMES})\b",
+    rf"\b(?:(?P<n>the|a|{_COUNT[1:-1]})\s+(?P<unit>days?|nights?|weeks?)|(?P<fortnight>a\s+fortnight))"
+    rf"\s+(?P<side>before|after)\s+(?:the\s+)?(?P<name>{_HOLIDAY_NAMES})\b",
     re.IGNORECASE,
 )
 # "12/23", "31/10": a day and a month in figures, read only where one of them cannot be a month
@@ -340,7 +360,11 @@ _FUTURE = re.compile(
     r"(?:\w+\s+){0,2}(?:date|interview|meeting|exam|test"
     r"|party|wedding|match|game|gig|call|shift|flight|trip|class|lesson|session)s?\b"
     # someone's arrangement: "Mum's flying in on Tuesday", "Dave's coming over on the 3rd"
-    r"|\w'?s\s+(?!being\b)\w+ing\s+(?:in|out|over|up|down|back|round|around|off|home)\b",
+    r"|\w'?s\s+(?!being\b)\w+ing\s+(?:in|out|over|up|down|back|round|around|off|home)\b"
+    # a plan moved to a day: "my appointment got moved to 11/19", "pushed back to Friday"
+    # (not "we moved to Leeds": a day must follow)
+    r"|\b(?:moved|pushed(?:\s+back)?|bumped|changed|brought\s+forward)\s+to\s+(?:the\s+)?"
+    r"(?:\d{1,2}(?:/\d{1,2}|st|nd|rd|th)\b|(?:mon|tues|wednes|thurs|fri|satur|sun)day\b)",
     re.IGNORECASE,
 )
 # a subject and its verb ("I get", "we fly", "she starts"): a clause of its own tense
@@ -369,6 +393,7 @@ def resolve_date(text: str, when: datetime | None) -> date | None:
         return None
     day = when.date()
     text = _MONTH_STOP.sub(r"\1 ", text)  # "On Aug. 30": the stop is the abbreviation's
+    text = _EARLY_REL_MONTH.sub(_part_of_month, text)  # "early next month": its start
     text = month_names_masked(text)  # "Jan called yesterday": Jan is no January
     found = min(_expressions(text, when), default=None, key=lambda p: p[0])  # (position, day)
     if found is not None:
@@ -381,7 +406,7 @@ def resolve_date(text: str, when: datetime | None) -> date | None:
 # "a week after my birthday on aug 3", "the day after my exam on the 23rd": the day named,
 # moved; what lies between is a few words of the same clause, the event
 _OFFSET = re.compile(
-    rf"\b(?:(?P<the>the)|{_COUNT})\s+(?P<unit>days?|weeks?)\s+(?P<side>after|before)\b"
+    rf"\b(?:(?P<the>the)|{_COUNT})\s+(?P<unit>days?|nights?|weeks?)\s+(?P<side>after|before)\b"
     r"(?=\s+(?!on\b)[^.!?;,]{1,40}$)",  # not "the day after, on Friday": Friday is that day
     re.IGNORECASE,
 )
@@ -532,11 +557,21 @@ def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
         yield match.start(), _nearest_of_year(month, 15, day, _tense(text, match.start()))
     if (match := _NUMERIC_DATE.search(text)) and (named := _numeric_date(match, text, day)):
         yield match.start(), named
-    if match := _DAYS_BY_HOLIDAY.search(text):  # "two days before Christmas"
-        n = 1 if match.group("n").lower() in ("the", "a") else _count(match.group("n"))
+    if match := _DAYS_BY_HOLIDAY.search(text):  # "two days before Christmas", "a week after"
+        if match.group("fortnight"):
+            n = 14
+        else:
+            n = 1 if match.group("n").lower() in ("the", "a") else _count(match.group("n"))
+            n *= 7 if match.group("unit")[0] in "wW" else 1
         name = match.group("name")
         if (held := _holiday(name, day, _tense(text, match.start()))) is not None:
             yield match.start(), held + timedelta(days=n if match.group("side") == "after" else -n)
+    if match := _DATE_OF_REL_YEAR.search(text):  # "on 14 feb last year": that year's
+        dom = int(match.group("d1") or match.group("d2"))
+        month = month_number(match.group("m1") or match.group("m2"))
+        year = day.year + {"last": -1, "this": 0, "next": 1}[match.group("rel").lower()]
+        if dom <= _month_end(year, month).day:
+            yield match.start(), date(year, month, dom)
     if match := _LAST_MONTH.search(text):
         yield match.start(), (day.replace(day=1) - timedelta(days=1)).replace(day=1)
     if match := _LAST_YEAR.search(text):
@@ -667,7 +702,12 @@ _SHORT_DAYS = frozenset({"Mon", "Tue", "Tues", "Thu", "Thur", "Thurs", "Fri"})
 # a weekday joined to a present copula: "On Saturday is my cousin's function", "thursday's
 # my bday" (the weekday first in its clause: "the flat we saw on Monday is a maybe" is not),
 # "the match is on Friday", "my last day is friday"
-_IS_AFTER = re.compile(r"\s*(?:is\b|['’]s\b)", re.IGNORECASE)
+# ("wednesday's spin class got cancelled" is a possessive: its 's before a noun is no "is")
+_IS_AFTER = re.compile(
+    r"\s*(?:is\b|['’]s\s+(?:my|the|a|an|our|his|her|their|your|when|going|gonna|not|also"
+    r"|still|just|fine|good|ok|okay|free|busy|booked)\b)",
+    re.IGNORECASE,
+)
 _IS_BEFORE = re.compile(r"\b(?:is|are)\s+(?:on\s+)?$", re.IGNORECASE)
 _CLAUSE_START = re.compile(r"(?:^|[,.!?;:—–])\s*$")
 

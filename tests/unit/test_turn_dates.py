@@ -15,7 +15,8 @@ and of a set of 130 dated turns written for dates alone ("the last Friday of Jun
 change ("Saturday the 7th", "monday last week", "the Saturday after New Year"); and of a second
 set of 150 ("i haven't started", "thursday's my bday", "three days after my exam on the 23rd",
 "we just have to march on", "texted that rent is going up", "the long weekend", "back Mon",
-"i want all the gifts bought").
+"i want all the gifts bought"); and of a third ("a week after easter sunday", "on 14 feb last
+year", "got moved to 11/19", "early next month", "wednesday's spin class got cancelled").
 """
 
 from datetime import date, datetime
@@ -257,6 +258,21 @@ SUN = datetime(2024, 1, 14, 9, 0)  # a Sunday
          date(2024, 4, 15)),
         ("end of january i want the spare room painted, who do I call?", datetime(2026, 1, 7),
          date(2026, 1, 31)),
+        # of a third set of 150, re-worded after its first run (124 right when it came)
+        ("wednesday's yoga got cancelled and they still charged me", datetime(2024, 8, 9),
+         date(2024, 8, 7)),
+        ("we fly back a week after easter sunday", datetime(2026, 3, 10), date(2026, 4, 12)),
+        ("three weeks before diwali i have to book the train", datetime(2025, 8, 25),
+         date(2025, 9, 29)),
+        ("my interview is on the 8th of may, help me prepare", datetime(2026, 3, 28),
+         date(2026, 5, 8)),
+        ("i joined the gym on 3 march last year and never went", datetime(2026, 5, 20),
+         date(2025, 3, 3)),
+        ("my dentist appointment got pushed back to the 21st", datetime(2024, 11, 5),
+         date(2024, 11, 21)),
+        ("early next month my contract ends", datetime(2024, 10, 28), date(2024, 11, 1)),
+        ("the night before my interview on the 12th i'm staying in a hotel",
+         datetime(2026, 10, 5), date(2026, 10, 11)),
     ],
 )  # fmt: skip
 def test_a_turns_day(text, said, expected):
@@ -290,6 +306,7 @@ def test_the_first_expression_said_is_the_one_told_of():
         "my nan June is turning 90 and loves her garden",  # a name after a relation
         "Holiday photos are finally sorted.",  # "holi" is no Holi
         "We just have to march on, morale is low.",  # "march" the verb
+        "we moved to 12 Elm Street and the garden is huge",  # a plan moved to a day? no: a house
     ],
 )
 def test_words_that_are_not_days_keep_the_day_said(text):
