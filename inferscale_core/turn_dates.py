@@ -174,7 +174,6 @@ _OF_MONTH = re.compile(
     rf"|(?P<month>{_MONTHS})(?:,?\s+(?P<year>(?:19|20)\d\d))?)",
     re.IGNORECASE,
 )
-# "on 27th last month", "the 3rd next month"
 # "early next month", "mid last month": said as _OF_MONTH reads them ("the start of next month")
 _EARLY_REL_MONTH = re.compile(
     r"\b(?P<part>early|mid)[-\s]+(?P<rel>next|last|this)\s+month\b", re.IGNORECASE
@@ -186,6 +185,7 @@ def _part_of_month(match: re.Match[str]) -> str:
     return f"the {part} of {match.group('rel')} month"
 
 
+# "on 27th last month", "the 3rd next month"
 _DAY_OF_REL_MONTH = re.compile(
     r"\b(?:(?:on|by|from|till|until)\s+)?(?:the\s+)?(?P<dom>\d{1,2})(?:st|nd|rd|th)"
     r"\s+(?P<rel>last|next|this)\s+month\b",
@@ -690,8 +690,7 @@ def _is_weekday(match: re.Match[str]) -> bool:
     word = said.lower()
     return (
         word.endswith("day")
-        or match.group("which") is not None
-        and len(word) >= 3
+        or (match.group("which") is not None and len(word) >= 3)
         or said in _SHORT_DAYS
     )
 
