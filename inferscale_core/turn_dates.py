@@ -418,8 +418,7 @@ def _offset_before(text: str, at: int) -> timedelta:
     match = _OFFSET.search(text, 0, at)
     if match is None:
         return timedelta()
-    n = 1 if match.group("the") else _count(match.group(2))  # 2: _COUNT's group
-    shift = timedelta(weeks=n) if match.group("unit")[0] in "wW" else timedelta(days=n)
+    shift = _span(match.group("the") or match.group(2), match.group("unit"))  # 2: _COUNT's
     return shift if match.group("side").lower() == "after" else -shift
 
 
@@ -509,12 +508,8 @@ def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
         monday = day - timedelta(days=day.weekday() + (14 if match.group("before") else 7))
         yield match.start(), monday + timedelta(days=_target(match))
     if (match := _IN_DAYS.search(text)) and _tense(text, match.start()) != "past":
-        if match.group(3):  # a fortnight
-            yield match.start(), day + timedelta(weeks=2)
-        else:
-            n = _count(match.group(1))
-            weeks = match.group(2).lower().startswith("w")
-            yield match.start(), day + (timedelta(weeks=n) if weeks else timedelta(days=n))
+        ahead = _span("two", "weeks") if match.group(3) else _span(match.group(1), match.group(2))
+        yield match.start(), day + ahead  # group 3: a fortnight
     if match := _WEEKDAY_BY_HOLIDAY.search(text):  # "the Saturday after New Year"
         name = match.group("name")
         tense = _tense(text, match.start())
@@ -558,14 +553,10 @@ def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
     if (match := _NUMERIC_DATE.search(text)) and (named := _numeric_date(match, text, day)):
         yield match.start(), named
     if match := _DAYS_BY_HOLIDAY.search(text):  # "two days before Christmas", "a week after"
-        if match.group("fortnight"):
-            n = 14
-        else:
-            n = 1 if match.group("n").lower() in ("the", "a") else _count(match.group("n"))
-            n *= 7 if match.group("unit")[0] in "wW" else 1
+        shift = _span(match.group("n") or "two", match.group("unit") or "weeks")  # or a fortnight
         name = match.group("name")
         if (held := _holiday(name, day, _tense(text, match.start()))) is not None:
-            yield match.start(), held + timedelta(days=n if match.group("side") == "after" else -n)
+            yield match.start(), held + (shift if match.group("side") == "after" else -shift)
     if match := _DATE_OF_REL_YEAR.search(text):  # "on 14 feb last year": that year's
         dom = int(match.group("d1") or match.group("d2"))
         month = month_number(match.group("m1") or match.group("m2"))
@@ -628,6 +619,12 @@ def _expressions(text: str, when: datetime) -> Iterator[tuple[int, date]]:
 
 def _count(word: str) -> int:
     return int(word) if word.isdigit() else _NUMBER_WORDS[" ".join(word.lower().split())]
+
+
+def _span(count: str, unit: str) -> timedelta:
+    """``count`` ("the", "a", "three", "12") of ``unit`` ("day(s)", "night(s)", "week(s)")."""
+    n = 1 if count.lower() == "the" else _count(count)
+    return timedelta(weeks=n) if unit[:1].lower() == "w" else timedelta(days=n)
 
 
 def _months_before(day: date, months: int) -> date:
